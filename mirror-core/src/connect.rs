@@ -1,0 +1,136 @@
+//! Connecting to one side of the link, and what a connection tells about the cluster.
+//!
+//! Every client has gRPC keepalive on (a paused or partitioned server is detected in seconds,
+//! not when the kernel gives up on TCP) and carries etcd's require-leader metadata, so a member
+//! cut off from its quorum answers "no leader" instead of serving a watch that never moves.
+//! Deadlines are per unary call ([`unary`]); the channel has none, because a channel-wide
+//! deadline would also end long-lived watch streams.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use crate::config::{Side as SideConfig, SyncSection};
+use crate::error::{EtcdError, Side};
+
+/// HTTP/2 ping interval and the time an unanswered ping may take before the connection is
+/// declared dead: a hung server is noticed within about four seconds.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// See [`KEEPALIVE_INTERVAL`].
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What one member reported in Maintenance Status.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemberInfo {
+    /// The endpoint asked.
+    pub endpoint: String,
+    /// Server version, e.g. `3.5.1`.
+    pub version: String,
+    /// Cluster id from the response header.
+    pub cluster_id: u64,
+    /// Whether the member is a learner (it cannot serve linearizable reads).
+    pub learner: bool,
+}
+
+/// Client options shared by every connection of the agent and the harness.
+pub fn connect_options(dial_timeout: Duration) -> ConnectOptions {
+    ConnectOptions::new()
+        .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
+        .with_keep_alive_while_idle(true)
+        .with_connect_timeout(dial_timeout)
+        .with_require_leader(true)
+}
+
+/// Connects to a side with keepalive and require-leader set.
+///
+/// TLS and authentication are not wired yet: a side configured with either is refused here
+/// with a permanent error rather than silently connected in plaintext.
+pub async fn connect(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result<Client, EtcdError> {
+    if cfg.tls.is_some() || cfg.auth.is_some() {
+        return Err(EtcdError::new(
+            "connect",
+            side,
+            etcd_client::Error::InvalidArgs(format!(
+                "{side}: TLS and auth are not supported by this build yet"
+            )),
+        ));
+    }
+    let opts = connect_options(sync.dial_timeout.get());
+    Client::connect(&cfg.endpoints, Some(opts)).await.map_err(|e| EtcdError::new("connect", side, e))
+}
+
+/// Asks every endpoint of a side for its Maintenance Status, each over its own connection so
+/// that a learner or a member of another cluster hiding behind the balancer is seen.
+pub async fn probe_members(
+    side: Side,
+    cfg: &SideConfig,
+    sync: &SyncSection,
+) -> Result<Vec<MemberInfo>, EtcdError> {
+    let mut out = Vec::with_capacity(cfg.endpoints.len());
+    for endpoint in &cfg.endpoints {
+        let one = SideConfig { endpoints: vec![endpoint.clone()], ..cfg.clone() };
+        let mut client = connect(side, &one, sync).await?;
+        let status = unary("status", side, sync.request_timeout.get(), client.status()).await?;
+        out.push(MemberInfo {
+            endpoint: endpoint.clone(),
+            version: status.version().to_owned(),
+            cluster_id: status.header().map_or(0, |h| h.cluster_id()),
+            learner: status.is_learner(),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs one unary call under a deadline; an expired deadline is a transient timeout.
+pub async fn unary<T>(
+    op: &'static str,
+    side: Side,
+    deadline: Duration,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, EtcdError> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(result) => result.map_err(|e| EtcdError::new(op, side, e)),
+        Err(_) => Err(EtcdError::new(
+            op,
+            side,
+            etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
+                "no answer within {deadline:?}"
+            ))),
+        )),
+    }
+}
+
+/// Parses `major.minor.patch` (ignoring any suffix) for version gates.
+pub fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
+    let mut it = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Whether etcd's progress notifications are trustworthy in this version (fixed in 3.4.25 and
+/// 3.5.8; older servers could send a notification ahead of events still to be delivered).
+pub fn progress_notify_trustworthy(version: &str) -> bool {
+    match parse_version(version) {
+        Some((3, 4, p)) => p >= 25,
+        Some((3, 5, p)) => p >= 8,
+        Some((major, minor, _)) => (major, minor) > (3, 5),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The progress-notify gate follows the fixed releases of 3.4 and 3.5.
+    #[test]
+    fn progress_notify_gate() {
+        assert!(!progress_notify_trustworthy("3.4.23"));
+        assert!(progress_notify_trustworthy("3.4.25"));
+        assert!(!progress_notify_trustworthy("3.5.1"));
+        assert!(progress_notify_trustworthy("3.5.8"));
+        assert!(progress_notify_trustworthy("3.6.0"));
+        assert!(!progress_notify_trustworthy("garbage"));
+        assert_eq!(parse_version("3.5.1-rc.0"), Some((3, 5, 1)));
+    }
+}

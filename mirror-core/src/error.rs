@@ -1,0 +1,240 @@
+//! The five error classes of SPEC §5 and the mapping from etcd's answers to them.
+//!
+//! The agent decides what to do by [`ErrorClass`], never by string. Strings are read in exactly
+//! one place, [`Fault::of_status`], because etcd reports several distinct conditions under one
+//! gRPC code (quota and throttling are both `ResourceExhausted`; a compacted and a future
+//! revision are both `OutOfRange`). The messages matched are etcd's `rpctypes` constants, which
+//! are identical in 3.4 and 3.5; tests in `harness/tests/classify.rs` provoke each one from a
+//! real server of both versions.
+
+use std::fmt;
+
+use tonic::Code;
+
+/// What the engine does about an error (SPEC §5 table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// History the agent needs is gone: forced resync with a mandatory prune.
+    Resync,
+    /// The target is out of space: park, probe, resume by itself.
+    Quota,
+    /// The target asks us to slow down: own backoff curve.
+    Throttle,
+    /// Retrying cannot help: stop writing, phase `failed`, keep serving HTTP.
+    Permanent,
+    /// Retry with exponential backoff and re-watch from the watermark.
+    Transient,
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorClass::Resync => "resync",
+            ErrorClass::Quota => "quota",
+            ErrorClass::Throttle => "throttle",
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::Transient => "transient",
+        })
+    }
+}
+
+/// A recognised etcd condition, finer than its class: the batcher needs to know that a Txn was
+/// too large (and retry revision by revision), not only that it is permanent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `mvcc: required revision has been compacted` (Get or watch).
+    Compacted,
+    /// `mvcc: required revision is a future revision`.
+    FutureRevision,
+    /// `mvcc: database space exceeded`.
+    QuotaExceeded,
+    /// `too many requests`.
+    TooManyRequests,
+    /// Another `ResourceExhausted` the server chose to send.
+    ResourceExhausted,
+    /// The request exceeded `--max-request-bytes` (etcd's own check or gRPC's receive limit).
+    RequestTooLarge,
+    /// More ops than `--max-txn-ops`.
+    TooManyOps,
+    /// The same key twice in one Txn.
+    DuplicateKey,
+    /// Wrong user or password.
+    AuthFailed,
+    /// The user lacks a permission.
+    PermissionDenied,
+    /// The auth token expired or is unknown; the client logs in again.
+    InvalidToken,
+    /// The server has no leader or lost it mid-request.
+    NoLeader,
+    /// The server or network is unreachable, or the connection broke.
+    Unavailable,
+    /// A deadline passed or the client cancelled.
+    Timeout,
+    /// A request the server considers malformed (a bug, or a config the server refuses).
+    InvalidRequest,
+    /// Anything else.
+    Other,
+}
+
+impl Fault {
+    /// The class that decides the handling.
+    pub fn class(self) -> ErrorClass {
+        match self {
+            Fault::Compacted | Fault::FutureRevision => ErrorClass::Resync,
+            Fault::QuotaExceeded => ErrorClass::Quota,
+            Fault::TooManyRequests | Fault::ResourceExhausted => ErrorClass::Throttle,
+            Fault::RequestTooLarge
+            | Fault::TooManyOps
+            | Fault::DuplicateKey
+            | Fault::AuthFailed
+            | Fault::PermissionDenied
+            | Fault::InvalidRequest => ErrorClass::Permanent,
+            Fault::InvalidToken | Fault::NoLeader | Fault::Unavailable | Fault::Timeout | Fault::Other => {
+                ErrorClass::Transient
+            }
+        }
+    }
+
+    /// Whether a Txn failed because it was too big, so a smaller one may pass.
+    pub fn is_txn_too_big(self) -> bool {
+        matches!(self, Fault::RequestTooLarge | Fault::TooManyOps)
+    }
+
+    /// Classifies any error of the etcd client.
+    pub fn of(err: &etcd_client::Error) -> Fault {
+        use etcd_client::Error as E;
+        match err {
+            E::GRpcStatus(status) => Fault::of_status(status.code(), status.message()),
+            E::TransportError(_) | E::IoError(_) => Fault::Unavailable,
+            E::WatchError(msg) => Fault::of_watch_cancel(0, msg),
+            E::LeaseKeepAliveError(_) | E::ElectError(_) => Fault::Unavailable,
+            E::InvalidArgs(_)
+            | E::InvalidUri(_)
+            | E::Utf8Error(_)
+            | E::InvalidMetadataValue(_)
+            | E::EndpointError(_)
+            | E::EndpointsNotManaged => Fault::InvalidRequest,
+            _ => Fault::Other,
+        }
+    }
+
+    /// Classifies a gRPC status by code, then by etcd's message where one code covers several
+    /// conditions.
+    pub fn of_status(code: Code, message: &str) -> Fault {
+        let has = |s: &str| message.contains(s);
+        match code {
+            Code::OutOfRange if has("compacted") => Fault::Compacted,
+            Code::OutOfRange if has("future revision") => Fault::FutureRevision,
+            Code::ResourceExhausted if has("database space exceeded") => Fault::QuotaExceeded,
+            Code::ResourceExhausted if has("too many requests") => Fault::TooManyRequests,
+            // gRPC's own receive limit (etcd sets it to --max-request-bytes plus headroom).
+            Code::ResourceExhausted if has("larger than max") => Fault::RequestTooLarge,
+            Code::ResourceExhausted => Fault::ResourceExhausted,
+            Code::InvalidArgument if has("request is too large") => Fault::RequestTooLarge,
+            Code::InvalidArgument if has("too many operations in txn") => Fault::TooManyOps,
+            Code::InvalidArgument if has("duplicate key") => Fault::DuplicateKey,
+            Code::InvalidArgument if has("authentication failed") => Fault::AuthFailed,
+            Code::InvalidArgument => Fault::InvalidRequest,
+            Code::PermissionDenied => Fault::PermissionDenied,
+            Code::Unauthenticated if has("invalid auth token") => Fault::InvalidToken,
+            Code::Unauthenticated => Fault::AuthFailed,
+            Code::FailedPrecondition if has("authentication is not enabled") => Fault::AuthFailed,
+            Code::Unavailable if has("no leader") || has("leader changed") => Fault::NoLeader,
+            Code::Unavailable | Code::Unknown | Code::Aborted => Fault::Unavailable,
+            Code::DeadlineExceeded | Code::Cancelled => Fault::Timeout,
+            Code::OutOfRange | Code::FailedPrecondition | Code::Unimplemented => Fault::InvalidRequest,
+            _ => Fault::Other,
+        }
+    }
+
+    /// Classifies the end of a watch: a response with `compact_revision > 0`, or a cancel with
+    /// etcd's reason string.
+    pub fn of_watch_cancel(compact_revision: i64, reason: &str) -> Fault {
+        if compact_revision > 0 || reason.contains("compacted") {
+            Fault::Compacted
+        } else if reason.contains("future revision") {
+            Fault::FutureRevision
+        } else if reason.contains("permission denied") {
+            Fault::PermissionDenied
+        } else if reason.contains("no leader") {
+            Fault::NoLeader
+        } else {
+            Fault::Unavailable
+        }
+    }
+}
+
+/// An etcd call that failed, with what the agent was doing and the classified fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} on {side}: {source} ({})", self.fault.class())]
+pub struct EtcdError {
+    /// What was attempted, e.g. `"get page"`, `"txn apply"`.
+    pub op: &'static str,
+    /// `source` or `target`.
+    pub side: Side,
+    /// The classified condition.
+    pub fault: Fault,
+    /// The client's error.
+    pub source: etcd_client::Error,
+}
+
+impl EtcdError {
+    /// Wraps and classifies a client error.
+    pub fn new(op: &'static str, side: Side, source: etcd_client::Error) -> EtcdError {
+        EtcdError { op, side, fault: Fault::of(&source), source }
+    }
+
+    /// The class of the fault.
+    pub fn class(&self) -> ErrorClass {
+        self.fault.class()
+    }
+}
+
+/// Which cluster an error or a connection belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// The cluster read from.
+    Source,
+    /// The cluster written to.
+    Target,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Source => "source",
+            Side::Target => "target",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages copied from etcd's rpctypes map to the class SPEC §5 assigns them.
+    #[test]
+    fn etcd_messages_map_to_spec_classes() {
+        let cases = [
+            (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted", ErrorClass::Resync),
+            (
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+                ErrorClass::Resync,
+            ),
+            (Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded", ErrorClass::Quota),
+            (Code::ResourceExhausted, "etcdserver: too many requests", ErrorClass::Throttle),
+            (Code::InvalidArgument, "etcdserver: request is too large", ErrorClass::Permanent),
+            (Code::InvalidArgument, "etcdserver: too many operations in txn request", ErrorClass::Permanent),
+            (Code::PermissionDenied, "etcdserver: permission denied", ErrorClass::Permanent),
+            (Code::Unavailable, "etcdserver: no leader", ErrorClass::Transient),
+            (Code::Unknown, "transport: broken pipe", ErrorClass::Transient),
+            (Code::Cancelled, "Timeout expired", ErrorClass::Transient),
+        ];
+        for (code, msg, class) in cases {
+            assert_eq!(Fault::of_status(code, msg).class(), class, "{code:?} {msg}");
+        }
+    }
+}

@@ -1,0 +1,141 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn rewriter() -> KeyRewriter {
+    KeyRewriter::new(b"/registry/", b"/dr/", [&b"events/"[..], b"leases/", b"events/x/"])
+}
+
+/// The anchored formula replaces only the leading prefix, never a later occurrence.
+#[test]
+fn rewrite_is_anchored() {
+    let r = KeyRewriter::new(b"/a/", b"/b/", []);
+    assert_eq!(r.to_target(b"/a/x/a/y").unwrap(), b"/b/x/a/y".to_vec());
+    assert_eq!(r.to_target(b"/ab"), None);
+    assert_eq!(r.to_source(b"/b/x/a/y").unwrap(), b"/a/x/a/y".to_vec());
+}
+
+/// prefix_end follows etcd: increment the last byte below 0xff; all-0xff and empty are unbounded.
+#[test]
+fn prefix_end_matches_etcd() {
+    assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+    assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+    assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    assert_eq!(prefix_end(b""), vec![0]);
+}
+
+/// Nested and duplicate excludes collapse; the source reserved namespace is always excluded.
+#[test]
+fn excludes_are_normalised() {
+    let r = rewriter();
+    let ex: Vec<&[u8]> = r.excludes().iter().map(Vec::as_slice).collect();
+    assert_eq!(ex, [&b"/registry/\0etcd-mirror/"[..], b"/registry/events/", b"/registry/leases/"]);
+}
+
+/// Scan windows are the source range minus each excluded prefix, in key order.
+#[test]
+fn scan_windows_cut_out_excludes() {
+    let w = rewriter().scan_windows();
+    let pairs: Vec<(&[u8], &[u8])> = w.iter().map(|r| (r.start.as_slice(), r.end.as_slice())).collect();
+    assert_eq!(
+        pairs,
+        [
+            (&b"/registry/"[..], &b"/registry/\0etcd-mirror/"[..]),
+            (b"/registry/\0etcd-mirror0", b"/registry/events/"),
+            (b"/registry/events0", b"/registry/leases/"),
+            (b"/registry/leases0", b"/registry0"),
+        ]
+    );
+}
+
+/// An empty source prefix scans the whole keyspace, still minus its reserved namespace.
+#[test]
+fn whole_keyspace_windows() {
+    let r = KeyRewriter::new(b"", b"/copy/", []);
+    let w = r.scan_windows();
+    assert_eq!(w.len(), 2);
+    assert_eq!(w[0], KeyRange { start: vec![0], end: b"\0etcd-mirror/".to_vec() });
+    assert_eq!(w[1], KeyRange { start: b"\0etcd-mirror0".to_vec(), end: vec![0] });
+    assert!(w[1].contains(b"zzz"));
+}
+
+/// Target windows exclude exactly the reserved namespace.
+#[test]
+fn target_windows_skip_reserved() {
+    let r = rewriter();
+    let w = r.target_windows();
+    assert!(w.iter().any(|w| w.contains(b"/dr/pods/a")));
+    assert!(!w.iter().any(|w| w.contains(&r.default_checkpoint_key())));
+    assert!(r.is_reserved(&r.default_checkpoint_key()));
+    assert!(r.election_prefix().starts_with(&r.reserved_prefix()));
+}
+
+/// Redaction keeps the configured prefix, hides the rest, and is stable.
+#[test]
+fn redaction_hides_the_key() {
+    let r = rewriter();
+    let red = r.redact(b"/registry/secrets/db-password");
+    assert!(red.starts_with("/registry/…"), "{red}");
+    assert!(!red.contains("secrets"), "{red}");
+    assert_eq!(red.len(), "/registry/…".len() + 8);
+    assert_eq!(red, r.redact(b"/registry/secrets/db-password"));
+}
+
+/// Keys built from fragments that make collisions and reserved look-alikes likely.
+fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
+    let frag = prop_oneof![
+        Just(b"/registry/".to_vec()),
+        Just(b"events/".to_vec()),
+        Just(b"leases/".to_vec()),
+        Just(b"\0etcd-mirror/".to_vec()),
+        Just(b"\0".to_vec()),
+        Just(b"x/".to_vec()),
+        Just(b"/dr/".to_vec()),
+        Just(vec![0xff]),
+        any::<u8>().prop_map(|b| vec![b]),
+    ];
+    prop::collection::vec(frag, 0..6).prop_map(|parts| parts.concat())
+}
+
+proptest! {
+    /// Distinct in-scope source keys never share a target key, and the inverse recovers them.
+    #[test]
+    fn rewrite_is_injective_on_scope(a in key_strategy(), b in key_strategy()) {
+        let r = rewriter();
+        let (a, b) = ([&b"/registry/"[..], &a].concat(), [&b"/registry/"[..], &b].concat());
+        if let (Some(ta), Some(tb)) = (r.to_target(&a), r.to_target(&b)) {
+            prop_assert_eq!(ta == tb, a == b);
+            prop_assert_eq!(r.to_source(&ta), Some(a.clone()));
+        }
+    }
+
+    /// No source key, in scope or not, is ever mapped into the reserved namespace.
+    #[test]
+    fn rewrite_never_yields_reserved(k in key_strategy()) {
+        let r = rewriter();
+        for key in [k.clone(), [&b"/registry/"[..], &k].concat()] {
+            if let Some(t) = r.to_target(&key) {
+                prop_assert!(!r.is_reserved(&t));
+                prop_assert!(r.target_windows().iter().any(|w| w.contains(&t)));
+            }
+        }
+    }
+
+    /// A key under any excluded prefix is never mapped, and no scan window contains it.
+    #[test]
+    fn rewrite_never_maps_excluded(rest in key_strategy(), which in 0usize..3) {
+        let r = rewriter();
+        let ex = [&b"events/"[..], b"leases/", b"\0etcd-mirror/"][which];
+        let key = [&b"/registry/"[..], ex, &rest].concat();
+        prop_assert_eq!(r.to_target(&key), None);
+        prop_assert!(!r.scan_windows().iter().any(|w| w.contains(&key)));
+    }
+
+    /// Scan windows contain exactly the in-scope keys.
+    #[test]
+    fn windows_agree_with_scope(k in key_strategy()) {
+        let r = rewriter();
+        let key = [&b"/registry/"[..], &k].concat();
+        prop_assert_eq!(r.scan_windows().iter().any(|w| w.contains(&key)), r.in_scope(&key));
+    }
+}

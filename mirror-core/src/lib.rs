@@ -1,0 +1,37 @@
+//! # mirror-core
+//!
+//! The vocabulary every other etcd-mirror crate speaks: the config file, which keys are
+//! mirrored and where they land, how etcd's errors are classified, and how a side is connected.
+//!
+//! ## What it guarantees
+//! - **Config** ([`Config`]): parsed exactly as SPEC §4; [`Config::validate`] enforces every rule
+//!   and names the field of each violation, all at once.
+//! - **Keys** ([`KeyRewriter`]): the one anchored rewrite of SPEC §3. It is injective on scope,
+//!   never yields a key of the reserved namespace, and never maps an excluded key (the argument
+//!   is in the `keys` module; property tests check it).
+//! - **Errors** ([`Fault`], [`ErrorClass`]): every etcd client error maps to one of the five
+//!   classes of SPEC §5, so callers decide by class, never by string.
+//! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
+//!   through [`unary`].
+//!
+//! ## What it deliberately does not do
+//! It never writes to etcd and holds no state: fencing lives in `mirror-fence`, the engine in
+//! the crates above it.
+
+mod config;
+mod connect;
+mod error;
+mod keys;
+mod units;
+
+pub use config::{
+    Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, Mode,
+    Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
+};
+pub use connect::{
+    connect, connect_options, parse_version, probe_members, progress_notify_trustworthy, unary, MemberInfo,
+    KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
+};
+pub use error::{ErrorClass, EtcdError, Fault, Side};
+pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
+pub use units::{ByteSize, HumanDuration};

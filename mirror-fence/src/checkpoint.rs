@@ -1,0 +1,193 @@
+//! The checkpoint record of SPEC §6: what the fence key holds, as JSON with `"v": 1`.
+//!
+//! Decoding fails closed: a record this agent does not fully understand must stop all writes
+//! (G7), so every field is required, typed strictly and range-checked, and unknown fields are
+//! refused (a newer writer would bump `v`). The error names the field.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The only record version this code reads and writes.
+pub const VERSION: u64 = 1;
+
+/// Who the target belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A mirror of the source, written by the agent.
+    Mirror,
+    /// Cut over: the target is the primary now; no agent may write.
+    Primary,
+}
+
+/// One checkpoint: the fence and the resume point of a link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The link this record belongs to.
+    pub link_uid: String,
+    /// The epoch of the agent that wrote it (>= 1).
+    pub epoch: u64,
+    /// Mirror or cut-over primary.
+    pub role: Role,
+    /// Source revision the target range reflects (G3).
+    pub watermark: i64,
+    /// True while the initial scan is under way; the target is not yet a consistent prefix.
+    pub scanning: bool,
+    /// Last source key written by the scan; a restart resumes after it. Empty when not scanning.
+    pub scan_cursor: Vec<u8>,
+    /// A mark-and-sweep prune is owed (forced resync or `overwrite_and_prune`).
+    pub prune_pending: bool,
+    /// Cluster id of the source at the time of writing.
+    pub source_cluster_id: u64,
+    /// Cluster id of the target at the time of writing.
+    pub target_cluster_id: u64,
+    /// Free-form id of the writing agent (host/pid), for operators.
+    pub agent_id: String,
+}
+
+/// Why a stored record was refused. Each variant names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a JSON object.
+    #[error("checkpoint is not a JSON object: {0}")]
+    NotAnObject(String),
+    /// A required field is absent.
+    #[error("checkpoint field `{0}` is missing")]
+    Missing(&'static str),
+    /// A field has the wrong type or an out-of-range value.
+    #[error("checkpoint field `{field}` is invalid: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A field this version does not know.
+    #[error("checkpoint field `{0}` is unknown to record version 1")]
+    Unknown(String),
+}
+
+const FIELDS: &[&str] = &[
+    "v",
+    "link_uid",
+    "epoch",
+    "role",
+    "watermark",
+    "scanning",
+    "scan_cursor",
+    "prune_pending",
+    "source_cluster_id",
+    "target_cluster_id",
+    "agent_id",
+];
+
+impl Checkpoint {
+    /// Encodes as compact JSON v1.
+    pub fn encode(&self) -> Vec<u8> {
+        let value = serde_json::json!({
+            "v": VERSION,
+            "link_uid": self.link_uid,
+            "epoch": self.epoch,
+            "role": self.role,
+            "watermark": self.watermark,
+            "scanning": self.scanning,
+            "scan_cursor": B64.encode(&self.scan_cursor),
+            "prune_pending": self.prune_pending,
+            "source_cluster_id": self.source_cluster_id.to_string(),
+            "target_cluster_id": self.target_cluster_id.to_string(),
+            "agent_id": self.agent_id,
+        });
+        serde_json::to_vec(&value).expect("a JSON value always serialises")
+    }
+
+    /// Decodes a stored record, refusing anything not exactly v1.
+    pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::NotAnObject(e.to_string()))?;
+        let Value::Object(map) = value else {
+            return Err(DecodeError::NotAnObject("top level is not an object".into()));
+        };
+        if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(DecodeError::Unknown(unknown.clone()));
+        }
+        let r = Reader(&map);
+        let v = r.u64("v")?;
+        if v != VERSION {
+            return Err(invalid("v", format!("version {v} is not supported (this agent reads {VERSION})")));
+        }
+        let link_uid = r.str("link_uid")?;
+        if link_uid.is_empty() {
+            return Err(invalid("link_uid", "is empty"));
+        }
+        let epoch = r.u64("epoch")?;
+        if epoch == 0 {
+            return Err(invalid("epoch", "must be >= 1"));
+        }
+        let role = match r.str("role")?.as_str() {
+            "mirror" => Role::Mirror,
+            "primary" => Role::Primary,
+            other => return Err(invalid("role", format!("{other:?} is neither \"mirror\" nor \"primary\""))),
+        };
+        let watermark = i64::try_from(r.u64("watermark")?)
+            .map_err(|_| invalid("watermark", "exceeds the revision range"))?;
+        let scanning = r.bool("scanning")?;
+        let scan_cursor = B64
+            .decode(r.str("scan_cursor")?)
+            .map_err(|e| invalid("scan_cursor", format!("not base64: {e}")))?;
+        if !scanning && !scan_cursor.is_empty() {
+            return Err(invalid("scan_cursor", "is set although scanning is false"));
+        }
+        Ok(Checkpoint {
+            link_uid,
+            epoch,
+            role,
+            watermark,
+            scanning,
+            scan_cursor,
+            prune_pending: r.bool("prune_pending")?,
+            source_cluster_id: r.decimal("source_cluster_id")?,
+            target_cluster_id: r.decimal("target_cluster_id")?,
+            agent_id: r.str("agent_id")?,
+        })
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid { field, reason: reason.into() }
+}
+
+struct Reader<'a>(&'a Map<String, Value>);
+
+impl Reader<'_> {
+    fn get(&self, field: &'static str) -> Result<&Value, DecodeError> {
+        self.0.get(field).ok_or(DecodeError::Missing(field))
+    }
+
+    fn u64(&self, field: &'static str) -> Result<u64, DecodeError> {
+        self.get(field)?.as_u64().ok_or_else(|| invalid(field, "must be a non-negative integer"))
+    }
+
+    fn bool(&self, field: &'static str) -> Result<bool, DecodeError> {
+        self.get(field)?.as_bool().ok_or_else(|| invalid(field, "must be true or false"))
+    }
+
+    fn str(&self, field: &'static str) -> Result<String, DecodeError> {
+        self.get(field)?.as_str().map(str::to_owned).ok_or_else(|| invalid(field, "must be a string"))
+    }
+
+    /// Cluster ids are 64-bit and written as decimal strings, because JSON numbers lose
+    /// precision above 2^53 in many readers.
+    fn decimal(&self, field: &'static str) -> Result<u64, DecodeError> {
+        let s = self.str(field)?;
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid(field, format!("{s:?} is not a decimal string")));
+        }
+        s.parse().map_err(|_| invalid(field, format!("{s:?} overflows 64 bits")))
+    }
+}
+
+#[cfg(test)]
+#[path = "checkpoint_tests.rs"]
+mod tests;

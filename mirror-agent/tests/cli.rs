@@ -1,0 +1,67 @@
+//! The command line as scripts use it: exit codes and what is printed.
+
+use std::process::Command;
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mirror-agent"))
+}
+
+fn write(text: &str) -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), text).unwrap();
+    f
+}
+
+const VALID: &str = r#"
+link_uid = "orders-dr"
+[source]
+endpoints = ["http://127.0.0.1:2379"]
+prefix = "/registry/"
+[target]
+endpoints = ["http://127.0.0.1:3379"]
+prefix = "/registry/"
+[target.auth]
+username = "mirror"
+password_env = "TARGET_PASSWORD"
+"#;
+
+/// A valid file exits 0 and prints the effective config, defaults included.
+#[test]
+fn check_config_prints_effective_config() {
+    let f = write(VALID);
+    let out = agent().arg("check-config").arg(f.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("link_uid = \"orders-dr\""), "{text}");
+    assert!(text.contains("max_txn_ops = 128"), "{text}");
+    assert!(text.contains("watch_buffer_bytes = \"16MiB\""), "{text}");
+}
+
+/// An invalid file exits 2 and names every broken field with its rule.
+#[test]
+fn check_config_rejects_with_exit_2_and_field_names() {
+    let f = write(&VALID.replace("link_uid = \"orders-dr\"", "epoch = 0"));
+    let out = agent().arg("check-config").arg(f.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("link_uid: is required"), "{err}");
+    assert!(err.contains("epoch: must be >= 1"), "{err}");
+}
+
+/// An inline password is refused and never echoed.
+#[test]
+fn check_config_never_echoes_a_password() {
+    let f = write(&VALID.replace("password_env = \"TARGET_PASSWORD\"", "password = \"hunter2\""));
+    let out = agent().arg("check-config").arg(f.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!all.contains("hunter2"), "{all}");
+    assert!(all.contains("target.auth.password"), "{all}");
+}
+
+/// A missing file is a config error too.
+#[test]
+fn check_config_missing_file_exits_2() {
+    let out = agent().arg("check-config").arg("/nonexistent/mirror.toml").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

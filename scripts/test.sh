@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it. Installs what it lacks first (scripts/setup.sh).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+bash scripts/setup.sh
+
+# Containers of a test run that was killed outright (its Drop never ran).
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  stale="$(docker ps -aq --filter label=etcd-mirror.harness)"
+  if [ -n "$stale" ]; then docker rm -f $stale >/dev/null; fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Scenario tests run the real agent binary; build it before the tests that look for it.
+cargo build --quiet -p mirror-agent
+# Doc tests first: nextest's summary must be the run's closing line.
+cargo test --workspace --doc --quiet
+cargo nextest run --workspace --profile ci --no-fail-fast

@@ -3,8 +3,6 @@
 //! `harness demo` starts a local source and target etcd and prints how to reach them and a
 //! ready-to-use agent config.
 
-use std::time::Duration;
-
 use clap::{Parser, Subcommand};
 use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
 
@@ -68,13 +66,14 @@ async fn demo(source_version: EtcdVersion, target_version: EtcdVersion, keys: us
     );
     println!();
     println!("Ctrl-C stops both clusters and removes their data.");
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
-        }
+    // SIGTERM as well as Ctrl-C, so `timeout` or a service manager also removes the clusters.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
     eprintln!("stopping ...");
+    drop((source, target));
     Ok(())
 }
 

@@ -7,20 +7,29 @@
 //!   ([`Backend::Process`], or `HARNESS_BACKEND=process`). Members can be stopped, killed,
 //!   started, restarted with other flags, paused and unpaused.
 //! - [`FaultProxy`] / [`Proxies`]: cut and heal the network between the agent and one side.
+//! - [`AgentProcess`]: the real `mirror-agent` binary with a generated [`AgentConfig`], its
+//!   `/statusz`, SIGTERM and kill -9.
+//! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
 //!
 //! ## What it deliberately does not do
 //! It never links the agent's engine: scenarios drive the `mirror-agent` *binary*, as an
 //! operator would, so what is tested is what ships.
 
+mod agent;
+mod check;
 mod container;
 mod etcd;
+mod load;
 mod ports;
 mod process;
 mod proxy;
 
+pub use agent::{agent_binary, AgentConfig, AgentProcess};
+pub use check::{check_g3, read_window, G3};
 pub use container::LABEL as CONTAINER_LABEL;
 pub use etcd::{
     docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion, Node, Proxies,
 };
+pub use load::load_keys;
 pub use ports::free_ports;
 pub use proxy::FaultProxy;

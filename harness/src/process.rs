@@ -87,7 +87,7 @@ impl Drop for ProcessNode {
 }
 
 #[allow(unsafe_code)]
-fn send(pid: u32, sig: libc::c_int) {
+pub(crate) fn send(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions; a stale pid at worst fails with ESRCH.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);

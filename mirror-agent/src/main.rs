@@ -1,10 +1,16 @@
 //! `mirror-agent`: the etcd-mirror daemon and its command line (SPEC §4).
 
+mod engine;
+mod http;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
 
-use clap::{Parser, Subcommand};
-use mirror_core::{Config, ConfigError};
+use clap::{Parser, Subcommand, ValueEnum};
+use mirror_core::{Config, ConfigError, Status};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
 
 /// Exit code of a config error, so scripts can tell "fix the file" from "the engine failed".
 const EXIT_CONFIG: u8 = 2;
@@ -16,8 +22,32 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Run the mirror until SIGTERM/SIGINT.
+    Run {
+        /// The TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Override `http.listen`.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Log format.
+        #[arg(long, value_enum, default_value = "human")]
+        log_format: LogFormat,
+    },
+    /// Pretty-print a running agent's /statusz.
+    Status {
+        /// Base URL of the agent's HTTP server.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Validate a config file and print the effective config with secrets redacted.
     CheckConfig {
         /// The TOML config file.
@@ -29,7 +59,85 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::Run { config, listen, log_format } => run(&config, listen, log_format),
+        Command::Status { url } => status(&url),
     }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}
+
+fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MIRROR_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let mut config = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => return config_error(file, &e),
+    };
+    if let Some(listen) = listen {
+        config.http.listen = listen;
+        if let Err(e) = config.validate() {
+            return config_error(file, &e);
+        }
+    }
+    runtime().block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(&config.http.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                error!("cannot listen on {}: {e}", config.http.listen);
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+        info!(link = %config.link_uid, epoch = config.epoch, listen = %config.http.listen, "mirror-agent starting");
+        let status = Arc::new(RwLock::new(Status::default()));
+        let shutdown = CancellationToken::new();
+        let http = tokio::spawn(http::serve(listener, status.clone(), shutdown.clone()));
+        let engine = tokio::spawn(engine::Engine::new(config, status, shutdown.clone()).run());
+        wait_for_signal().await;
+        info!("stopping");
+        shutdown.cancel();
+        let _ = engine.await;
+        let _ = http.await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn status(url: &str) -> ExitCode {
+    let url = format!("{}/statusz", url.trim_end_matches('/'));
+    let result = runtime().block_on(async {
+        let resp = reqwest::get(&url).await?.error_for_status()?;
+        resp.json::<serde_json::Value>().await
+    });
+    match result {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mirror-agent: cannot read {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_error(file: &std::path::Path, e: &ConfigError) -> ExitCode {
+    eprintln!("mirror-agent: {}: {e}", file.display());
+    ExitCode::from(EXIT_CONFIG)
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {
@@ -38,12 +146,6 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             print!("{}", config.to_redacted_toml());
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("mirror-agent: {}: {e}", file.display());
-            if let ConfigError::Read { .. } = e {
-                eprintln!("mirror-agent: (the file could not be read)");
-            }
-            ExitCode::from(EXIT_CONFIG)
-        }
+        Err(e) => config_error(file, &e),
     }
 }

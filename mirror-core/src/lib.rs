@@ -22,6 +22,7 @@ mod config;
 mod connect;
 mod error;
 mod keys;
+mod status;
 mod units;
 
 pub use config::{
@@ -34,4 +35,8 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
+pub use status::{
+    now_rfc3339, Condition, CutoverStatus, ForcedResyncs, InitialSyncStatus, LastError, LastReconcile, Phase,
+    SideStatus, Status,
+};
 pub use units::{ByteSize, HumanDuration};

@@ -10,9 +10,17 @@
 //!   fully understand.
 //! - `decode(encode(c)) == c` for every valid record (property-tested).
 //!
-//! ## What it deliberately does not do (yet)
-//! The fenced Txn writer and the standby rules arrive with the engine.
+//! - [`FencedWriter`] is the only way the agent writes to the target (G4): every Txn compares the
+//!   checkpoint's mod revision, every checkpoint move rides in the same Txn as its data, and a
+//!   failed compare is judged by re-reading the record (see the `writer` module for the
+//!   argument, the ambiguous-commit rule and the takeover rules).
+//!
+//! ## What it deliberately does not do
+//! It does not decide what to do about a lost fence (standby, fail): it names the outcome with
+//! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
 mod checkpoint;
+mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
+pub use writer::{may_claim, read_checkpoint, FenceError, FencedWriter, Observed};

@@ -1,0 +1,228 @@
+//! Running the real `mirror-agent` binary as a child process, as an operator would.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use mirror_core::Status;
+use tokio::process::{Child, Command};
+
+/// The agent binary: `MIRROR_AGENT_BIN`, else the workspace's `target/debug/mirror-agent`
+/// (`scripts/test.sh` builds it before the tests).
+pub fn agent_binary() -> PathBuf {
+    std::env::var_os("MIRROR_AGENT_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
+        target.join("debug").join("mirror-agent")
+    })
+}
+
+/// A generated agent config: the required parts plus any extra TOML.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// `link_uid`.
+    pub link_uid: String,
+    /// `epoch`.
+    pub epoch: u64,
+    /// Source endpoints.
+    pub source: Vec<String>,
+    /// Target endpoints.
+    pub target: Vec<String>,
+    /// `source.prefix`.
+    pub source_prefix: String,
+    /// `target.prefix`.
+    pub target_prefix: String,
+    /// Extra sections, appended verbatim (e.g. `[sync]\nmax_txn_ops = 16`).
+    pub extra: String,
+}
+
+impl AgentConfig {
+    /// A link `link_uid` from `source` to `target` with the same prefix on both sides.
+    pub fn new(link_uid: &str, source: Vec<String>, target: Vec<String>, prefix: &str) -> AgentConfig {
+        AgentConfig {
+            link_uid: link_uid.into(),
+            epoch: 1,
+            source,
+            target,
+            source_prefix: prefix.into(),
+            target_prefix: prefix.into(),
+            extra: String::new(),
+        }
+    }
+
+    /// Appends TOML.
+    pub fn with(mut self, toml: &str) -> AgentConfig {
+        self.extra.push('\n');
+        self.extra.push_str(toml);
+        self
+    }
+
+    /// Sets the epoch.
+    pub fn epoch(mut self, epoch: u64) -> AgentConfig {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The TOML text.
+    pub fn render(&self) -> String {
+        let list = |e: &[String]| e.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+        format!(
+            "link_uid = {:?}\nepoch = {}\n\n[source]\nendpoints = [{}]\nprefix = {:?}\n\n[target]\nendpoints = [{}]\nprefix = {:?}\n{}\n",
+            self.link_uid,
+            self.epoch,
+            list(&self.source),
+            self.source_prefix,
+            list(&self.target),
+            self.target_prefix,
+            self.extra
+        )
+    }
+
+    /// The mirror-core view of this config (for the rewriter and checkpoint key).
+    pub fn parsed(&self) -> anyhow::Result<mirror_core::Config> {
+        Ok(mirror_core::Config::from_toml_str(&self.render())?)
+    }
+}
+
+/// A running `mirror-agent run`.
+pub struct AgentProcess {
+    child: Option<Child>,
+    http: SocketAddr,
+    dir: tempfile::TempDir,
+    config: AgentConfig,
+}
+
+impl AgentProcess {
+    /// Writes the config and starts the agent on a free HTTP port.
+    pub async fn start(config: &AgentConfig) -> anyhow::Result<AgentProcess> {
+        let dir = tempfile::Builder::new().prefix("mirror-agent-").tempdir()?;
+        let mut agent =
+            AgentProcess { child: None, http: ([127, 0, 0, 1], 0).into(), dir, config: config.clone() };
+        agent.spawn().await?;
+        Ok(agent)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let bin = agent_binary();
+        if !bin.exists() {
+            bail!("{} is missing: run `cargo build -p mirror-agent` (scripts/test.sh does)", bin.display());
+        }
+        let port = crate::ports::free_ports(1)?[0];
+        self.http = ([127, 0, 0, 1], port).into();
+        let config_path = self.dir.path().join("mirror.toml");
+        std::fs::write(&config_path, self.config.render())?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
+        let child = Command::new(&bin)
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg(self.http.to_string())
+            .env("MIRROR_LOG", std::env::var("MIRROR_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Replaces the config (takes effect on the next start).
+    pub fn set_config(&mut self, config: AgentConfig) {
+        self.config = config;
+    }
+
+    /// Starts the agent again after it exited (same config unless replaced).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.spawn().await
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("agent.log")
+    }
+
+    /// Everything the agent logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// GET /statusz.
+    pub async fn status(&self) -> anyhow::Result<Status> {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/statusz", self.url()))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(resp.json().await?)
+    }
+
+    /// GET a path, returning the HTTP status code.
+    pub async fn http_code(&self, path: &str) -> anyhow::Result<u16> {
+        let resp = reqwest::Client::new()
+            .get(format!("{}{path}", self.url()))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await?;
+        Ok(resp.status().as_u16())
+    }
+
+    /// Polls /statusz until `pred` holds, or fails with the last status and the agent log.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&Status) -> bool,
+    ) -> anyhow::Result<Status> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut last = None;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(s) = self.status().await {
+                if pred(&s) {
+                    return Ok(s);
+                }
+                last = Some(s);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!(
+            "agent never reached {what} within {within:?}; last status: {last:#?}\n--- agent log ---\n{}",
+            self.log()
+        )
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub async fn terminate(&mut self) -> anyhow::Result<Option<i32>> {
+        let Some(mut child) = self.child.take() else { return Ok(None) };
+        if let Some(pid) = child.id() {
+            crate::process::send(pid, libc::SIGTERM);
+        }
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .context("agent did not stop on SIGTERM")??;
+        Ok(status.code())
+    }
+
+    /// SIGKILL, no warning.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}

@@ -1,0 +1,1011 @@
+//! The replication engine: connect → initial_sync → syncing, with degraded, standby and failed.
+//!
+//! ## Invariants this module upholds
+//! - **G1** Reads go to the source client only; writes only through the [`FencedWriter`] of the
+//!   target, and only to keys the [`KeyRewriter`] produced or the checkpoint key.
+//! - **G2** Target Txns are built from [`Batch`]es of whole revisions; a Txn the target refuses
+//!   as too big is retried one revision at a time; a single revision still refused is
+//!   permanent, named by its first key (redacted).
+//! - **G3** The checkpoint moves in the same Txn as the data it describes, so the target never
+//!   reflects a revision the checkpoint does not name. `scanning` stays true until the replay
+//!   has passed `scan_end`, the source revision after the last page was read; only then does the
+//!   target equal the source at the watermark.
+//! - **G5** Every restart resumes from the checkpoint: mid-scan from `scan_cursor`, in the tail
+//!   from `watermark + 1`. Only a compaction past the needed revision forces a fresh genesis,
+//!   and that one always ends with a mark-and-sweep prune.
+//! - **G7** A corrupt checkpoint, another link's checkpoint, a newer epoch or role primary
+//!   stop all writes.
+//!
+//! ## Why `scan_end` and not R0 ends the initial sync
+//! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
+//! may be missing. Every such difference is a source change at a revision in (R0, scan_end],
+//! and the watch opened at R0 + 1 delivers each of them. Once the replay has applied every
+//! revision up to scan_end (an event beyond it arrived, or a progress response at or beyond it
+//! did), the target equals the source at the watermark. A progress response for scan_end is
+//! safe even on servers whose progress notifications are otherwise untrusted: every revision up
+//! to scan_end was committed and notified before the progress request was sent.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
+use mirror_core::{
+    connect, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary, Config,
+    ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, MemberInfo, Phase, Side,
+    SideStatus, Status, TrustProgressNotify,
+};
+use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
+use mirror_scan::{count, Scanner};
+use mirror_watch::{convert_events, open_watch, Batch, Op, ReplayBuffer, Revision, RevisionBatcher};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// Shared, readable by the HTTP server.
+pub type StatusHandle = Arc<RwLock<Status>>;
+
+/// How an engine run ended, as the outer loop sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// An etcd call failed.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    /// The fence said no.
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    /// A rule of the product was broken (empty target, direction, version, oversized revision).
+    #[error("{message}")]
+    Refused {
+        /// CamelCase reason (also the condition name where one exists).
+        reason: &'static str,
+        /// Human-readable, keys redacted.
+        message: String,
+    },
+    /// Genesis must start over (buffer overflow, compacted watch mid-scan).
+    #[error("genesis restart: {0}")]
+    RestartGenesis(&'static str),
+    /// History is gone: forced resync with prune.
+    #[error("forced resync: {0}")]
+    Resync(&'static str),
+}
+
+impl EngineError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            EngineError::Etcd(e) => e.class(),
+            EngineError::Fence(f) => f.class(),
+            EngineError::Refused { .. } => ErrorClass::Permanent,
+            EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
+        }
+    }
+
+    fn reason(&self) -> String {
+        match self {
+            EngineError::Etcd(e) => format!("{:?}", e.fault),
+            EngineError::Fence(f) => f.reason().to_owned(),
+            EngineError::Refused { reason, .. } => (*reason).to_owned(),
+            EngineError::RestartGenesis(r) | EngineError::Resync(r) => (*r).to_owned(),
+        }
+    }
+}
+
+impl From<mirror_watch::Overflow> for EngineError {
+    fn from(_: mirror_watch::Overflow) -> Self {
+        EngineError::RestartGenesis("WatchBufferOverflow")
+    }
+}
+
+/// What the next connect should do about genesis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Pending {
+    /// Follow the checkpoint.
+    #[default]
+    Resume,
+    /// Start a new genesis owing a prune (forced resync or restart).
+    FreshGenesis,
+}
+
+/// The engine of one link.
+pub struct Engine {
+    cfg: Config,
+    rewriter: KeyRewriter,
+    status: StatusHandle,
+    shutdown: CancellationToken,
+    agent_id: String,
+    /// Consecutive forced resyncs with no live apply between.
+    resyncs_in_a_row: u32,
+}
+
+impl Engine {
+    /// A new engine; `run` drives it until `shutdown`.
+    pub fn new(cfg: Config, status: StatusHandle, shutdown: CancellationToken) -> Engine {
+        let rewriter = cfg.rewriter();
+        let agent_id = format!("{}/{}", hostname(), std::process::id());
+        {
+            let mut s = status.write().expect("status lock");
+            s.link_uid = cfg.link_uid.clone();
+            s.epoch = cfg.epoch as u64;
+            s.role = "mirror".into();
+            s.agent_id = agent_id.clone();
+        }
+        Engine { cfg, rewriter, status, shutdown, agent_id, resyncs_in_a_row: 0 }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        let mut s = self.status.write().expect("status lock");
+        f(&mut s);
+        s.lag_revisions = (s.source_revision - s.watermark).max(0);
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        let old = self.status.read().expect("status lock").phase;
+        if old != phase {
+            info!(from = old.as_str(), to = phase.as_str(), "phase");
+            self.update(|s| {
+                s.phase = phase;
+                let available = matches!(phase, Phase::Syncing);
+                s.set_condition("Available", available, phase_reason(phase), "");
+            });
+        }
+    }
+
+    /// Runs until shutdown. Transient errors back off and reconnect; permanent ones park the
+    /// engine in `failed` (HTTP keeps serving); fence losses park it in `standby`.
+    pub async fn run(mut self) {
+        let mut pending = Pending::Resume;
+        let mut backoff = self.cfg.sync.backoff.initial.get();
+        loop {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let result = self.connect_and_run(pending).await;
+            pending = Pending::Resume;
+            let err = match result {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            let class = err.class();
+            self.update(|s| {
+                s.last_error = Some(LastError {
+                    class: class.to_string(),
+                    reason: err.reason(),
+                    message: err.to_string(),
+                })
+            });
+            match &err {
+                EngineError::Fence(f) if f.standby_reason().is_some() => {
+                    let reason = f.standby_reason().unwrap_or("Fenced");
+                    error!(reason, "fenced: {f}; entering cold standby, no further writes");
+                    self.standby(reason, &f.to_string()).await;
+                    return;
+                }
+                EngineError::RestartGenesis(reason) => {
+                    warn!(reason, "restarting genesis from a fresh R0");
+                    self.update(|s| s.scan_restarts += 1);
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                EngineError::Resync(reason) => {
+                    self.note_forced_resync(reason);
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                EngineError::Etcd(_) if class == ErrorClass::Resync => {
+                    self.note_forced_resync("SourceCompacted");
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                _ => {}
+            }
+            match class {
+                ErrorClass::Permanent => {
+                    error!(reason = %err.reason(), "permanent error, writes stopped: {err}");
+                    self.set_phase(Phase::Failed);
+                    if let EngineError::Refused { reason, message } = &err {
+                        if is_condition(reason) {
+                            let (reason, message) = (*reason, message.clone());
+                            self.update(|s| s.set_condition(reason, true, reason, message));
+                        }
+                    }
+                    if let EngineError::Fence(FenceError::PrefixConflict { .. }) = &err {
+                        self.update(|s| {
+                            s.set_condition("PrefixConflict", true, "PrefixConflict", err.to_string())
+                        });
+                    }
+                    self.shutdown.cancelled().await;
+                    return;
+                }
+                _ => {
+                    warn!(class = %class, "{err}; retrying in {backoff:?}");
+                    self.set_phase(Phase::Degraded);
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(self.cfg.sync.backoff.max.get());
+                }
+            }
+        }
+    }
+
+    fn note_forced_resync(&mut self, reason: &str) {
+        self.resyncs_in_a_row += 1;
+        let looping = self.resyncs_in_a_row >= 3;
+        warn!(reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+        self.update(|s| {
+            s.forced_resyncs.count += 1;
+            *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;
+            s.forced_resyncs.last_reason = Some(reason.to_owned());
+            if looping {
+                s.set_condition(
+                    "ResyncLoopDetected",
+                    true,
+                    reason,
+                    "3 forced resyncs with no live apply between",
+                );
+            }
+        });
+    }
+
+    /// Cold standby: no writes; watch the fence and report it until shutdown.
+    async fn standby(&self, reason: &str, message: &str) {
+        self.set_phase(Phase::Standby);
+        self.update(|s| s.set_condition("Fenced", true, reason, message));
+        // Keep the fence visible in status; log only on change.
+        let mut last: Option<(u64, String)> = None;
+        let Ok(client) = connect(Side::Target, &self.cfg.target, &self.cfg.sync).await else {
+            self.shutdown.cancelled().await;
+            return;
+        };
+        let mut kv = client.kv_client();
+        let key = self.cfg.checkpoint_key();
+        loop {
+            if let Ok(Observed::Present { record, .. }) =
+                read_checkpoint(&mut kv, &key, self.cfg.sync.request_timeout.get()).await
+            {
+                let now = (record.epoch, record.agent_id.clone());
+                if last.as_ref() != Some(&now) {
+                    info!(epoch = record.epoch, holder = %record.agent_id, "fence held by another writer");
+                    self.update(|s| s.watermark = record.watermark);
+                    last = Some(now);
+                }
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    async fn connect_and_run(&mut self, pending: Pending) -> Result<(), EngineError> {
+        self.set_phase(Phase::Connecting);
+        let sync = &self.cfg.sync;
+        let source_members = probe_members(Side::Source, &self.cfg.source, sync).await;
+        self.update(|s| s.set_condition("SourceReachable", source_members.is_ok(), "Probe", ""));
+        let source_members = source_members?;
+        let target_members = probe_members(Side::Target, &self.cfg.target, sync).await;
+        self.update(|s| s.set_condition("TargetReachable", target_members.is_ok(), "Probe", ""));
+        let target_members = target_members?;
+        let (source_info, source_cluster) = side_status(Side::Source, &source_members)?;
+        let (target_info, target_cluster) = side_status(Side::Target, &target_members)?;
+        let learner = source_info.learner || target_info.learner;
+        let trust = match sync.trust_progress_notify {
+            TrustProgressNotify::Always => true,
+            TrustProgressNotify::Never => false,
+            TrustProgressNotify::Auto => progress_notify_trustworthy(&source_info.version),
+        };
+        self.update(|s| {
+            s.source = source_info.clone();
+            s.target = target_info.clone();
+            s.set_condition("LearnerEndpoint", learner, "Probe", "an endpoint is a learner");
+        });
+        if source_cluster == target_cluster {
+            let (src, dst) = (self.rewriter.source_prefix(), self.rewriter.dest_prefix());
+            if src.starts_with(dst) || dst.starts_with(src) {
+                self.update(|s| s.set_condition("DirectionConflict", true, "SameCluster", ""));
+                return Err(EngineError::Refused {
+                    reason: "DirectionConflict",
+                    message: "source and target are the same cluster and the ranges overlap".into(),
+                });
+            }
+        }
+
+        let source = connect(Side::Source, &self.cfg.source, sync).await?;
+        let target = connect(Side::Target, &self.cfg.target, sync).await?;
+        let mut run = Run {
+            engine: self,
+            source,
+            target_kv: target.kv_client(),
+            source_cluster,
+            target_cluster,
+            trust,
+            writer: None,
+        };
+        run.start(pending).await
+    }
+}
+
+/// Everything one connected run needs.
+struct Run<'e> {
+    engine: &'e mut Engine,
+    source: Client,
+    target_kv: KvClient,
+    source_cluster: u64,
+    target_cluster: u64,
+    trust: bool,
+    writer: Option<FencedWriter>,
+}
+
+/// The source watch, split so the request half can ask for progress while the response half is
+/// read (or buffered by a forwarder during the scan).
+struct Watch {
+    sender: WatchRequestSender,
+    stream: WatchResponseStream,
+}
+
+impl Run<'_> {
+    fn cfg(&self) -> &Config {
+        &self.engine.cfg
+    }
+
+    fn timeout(&self) -> Duration {
+        self.engine.cfg.sync.request_timeout.get()
+    }
+
+    fn template(&self, watermark: i64) -> Checkpoint {
+        Checkpoint {
+            link_uid: self.cfg().link_uid.clone(),
+            epoch: self.cfg().epoch as u64,
+            role: Role::Mirror,
+            watermark,
+            scanning: false,
+            scan_cursor: Vec::new(),
+            prune_pending: false,
+            source_cluster_id: self.source_cluster,
+            target_cluster_id: self.target_cluster,
+            agent_id: self.engine.agent_id.clone(),
+        }
+    }
+
+    fn writer(&mut self) -> &mut FencedWriter {
+        self.writer.as_mut().expect("fence claimed before any write")
+    }
+
+    async fn start(&mut self, pending: Pending) -> Result<(), EngineError> {
+        let key = self.cfg().checkpoint_key();
+        let timeout = self.timeout();
+        let observed = read_checkpoint(&mut self.target_kv, &key, timeout).await?;
+        mirror_fence::may_claim(&observed, &self.template(0))?;
+        let stored = match &observed {
+            Observed::Present { record, .. } => Some(record.clone()),
+            Observed::Absent => None,
+        };
+        let clusters_changed = stored.as_ref().is_some_and(|r| {
+            r.source_cluster_id != self.source_cluster || r.target_cluster_id != self.target_cluster
+        });
+        if clusters_changed {
+            warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
+        }
+        match stored {
+            Some(r) if pending == Pending::Resume && !clusters_changed && !r.scanning => {
+                // Tail from the watermark.
+                let mut next = r.clone();
+                next.epoch = self.cfg().epoch as u64;
+                next.agent_id = self.engine.agent_id.clone();
+                self.claim(observed, next).await?;
+                self.engine.update(|s| {
+                    s.watermark = r.watermark;
+                    s.initial_sync.completed.get_or_insert_with(now_rfc3339);
+                    s.set_condition("InitialSyncComplete", true, "Resumed", "");
+                });
+                let watch = self.open_watch(r.watermark + 1).await?;
+                self.tail(watch, None).await
+            }
+            Some(r) if pending == Pending::Resume && !clusters_changed => {
+                // Resume a scan in progress.
+                let mut next = r.clone();
+                next.epoch = self.cfg().epoch as u64;
+                next.agent_id = self.engine.agent_id.clone();
+                self.claim(observed, next).await?;
+                self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
+            }
+            stored => {
+                let first_ever = stored.is_none() || clusters_changed;
+                if first_ever && self.cfg().initial_sync.mode == InitialSyncMode::RequireEmpty {
+                    self.require_empty().await?;
+                }
+                let prune = !first_ever || self.cfg().initial_sync.mode == InitialSyncMode::OverwriteAndPrune;
+                let (total, r0) = count(
+                    &mut self.source.kv_client(),
+                    &self.engine.rewriter.scan_windows(),
+                    None,
+                    Side::Source,
+                    self.timeout(),
+                )
+                .await?;
+                let r0 = match self.cfg().initial_sync.start_revision {
+                    0 => r0,
+                    start => start.min(r0),
+                };
+                let mut next = self.template(r0);
+                next.scanning = true;
+                next.prune_pending = prune;
+                self.claim(observed, next).await?;
+                self.engine.update(|s| {
+                    s.initial_sync.total_keys = total;
+                    s.initial_sync.keys = 0;
+                    s.initial_sync.started = Some(now_rfc3339());
+                    s.initial_sync.completed = None;
+                    s.watermark = r0;
+                    s.set_condition("InitialSyncComplete", false, "Scanning", "");
+                });
+                self.genesis(r0, Vec::new(), prune).await
+            }
+        }
+    }
+
+    async fn claim(&mut self, observed: Observed, next: Checkpoint) -> Result<(), EngineError> {
+        let writer = FencedWriter::claim(
+            self.target_kv.clone(),
+            self.cfg().checkpoint_key(),
+            observed,
+            next,
+            self.timeout(),
+        )
+        .await?;
+        info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
+        self.engine.update(|s| s.set_condition("Fenced", false, "HoldingFence", ""));
+        self.writer = Some(writer);
+        Ok(())
+    }
+
+    /// The source's current revision, from a count-only Get (no data read).
+    async fn source_revision(&mut self) -> Result<i64, EngineError> {
+        let range = self.engine.rewriter.source_range();
+        let opts = GetOptions::new().with_range(range.end).with_count_only();
+        let resp = unary(
+            "revision",
+            Side::Source,
+            self.timeout(),
+            self.source.kv_client().get(range.start, Some(opts)),
+        )
+        .await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    async fn require_empty(&mut self) -> Result<(), EngineError> {
+        let windows = self.engine.rewriter.target_windows();
+        let timeout = self.timeout();
+        let (n, _) = count(&mut self.target_kv, &windows, None, Side::Target, timeout).await?;
+        if n > 0 {
+            let message = format!(
+                "initial_sync.mode = require_empty but the destination range holds {n} keys; nothing was written"
+            );
+            self.engine
+                .update(|s| s.set_condition("EmptyTargetViolation", true, "TargetNotEmpty", message.clone()));
+            return Err(EngineError::Refused { reason: "EmptyTargetViolation", message });
+        }
+        Ok(())
+    }
+
+    async fn open_watch(&mut self, start: i64) -> Result<Watch, EngineError> {
+        let stream = open_watch(&mut self.source, &self.engine.rewriter, start).await?;
+        let (sender, stream) = stream.split();
+        Ok(Watch { sender, stream })
+    }
+
+    /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
+    async fn genesis(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
+        self.engine.set_phase(Phase::InitialSync);
+        let mut watch = match self.open_watch(r0 + 1).await {
+            Ok(w) => w,
+            Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
+                return Err(EngineError::Resync("CompactedDuringScan"))
+            }
+            Err(e) => return Err(e),
+        };
+        // Buffer the watch while scanning.
+        let buffer =
+            Arc::new(Mutex::new(ReplayBuffer::new(self.cfg().sync.watch_buffer_bytes.bytes() as usize)));
+        let stop = CancellationToken::new();
+        let forwarder = tokio::spawn(forward(
+            watch.stream,
+            buffer.clone(),
+            stop.clone(),
+            self.engine.rewriter.clone(),
+            r0,
+        ));
+
+        let scan = self.scan(r0, cursor, prune, &forwarder).await;
+        stop.cancel();
+        let (stream, forwarded) =
+            forwarder.await.map_err(|_| EngineError::RestartGenesis("ForwarderPanicked"))?;
+        scan?;
+        forwarded?;
+        watch.stream = stream;
+
+        // Prune owed: sweep target keys whose source no longer has them.
+        if prune {
+            self.sweep(r0).await?;
+        }
+        let scan_end = self.source_revision().await?;
+        let replay = buffer.lock().await.drain();
+        info!(r0, scan_end, buffered = replay.len(), "scan done; replaying to scan_end");
+        self.tail(watch, Some((scan_end, replay))).await
+    }
+
+    async fn scan(
+        &mut self,
+        r0: i64,
+        cursor: Vec<u8>,
+        prune: bool,
+        forwarder: &tokio::task::JoinHandle<(WatchResponseStream, Result<(), EngineError>)>,
+    ) -> Result<(), EngineError> {
+        let cfg = &self.engine.cfg.sync;
+        let mut scanner = Scanner::new(
+            self.source.kv_client(),
+            &self.engine.rewriter,
+            cfg.page_key_limit,
+            cfg.page_bytes.bytes() as usize,
+            cfg.request_timeout.get(),
+        )
+        .resume_after(&cursor);
+        let max_ops = (cfg.max_txn_ops as usize).saturating_sub(1).max(1);
+        let max_bytes = cfg.txn_flush_bytes.bytes() as usize;
+        while let Some(page) = scanner.next_page().await? {
+            if forwarder.is_finished() {
+                // The forwarder stops early only on overflow or a compacted watch.
+                return Ok(());
+            }
+            let mut chunk: Vec<Op> = Vec::new();
+            let mut chunk_bytes = 0;
+            let mut leased = 0u64;
+            let n = page.kvs.len();
+            for (i, kv) in page.kvs.iter().enumerate() {
+                if let Some(key) = self.engine.rewriter.to_target(kv.key()) {
+                    if kv.lease() != 0 {
+                        leased += 1;
+                    }
+                    let op = Op::Put { key, value: kv.value().to_vec() };
+                    chunk_bytes += op.size();
+                    chunk.push(op);
+                }
+                let last = i + 1 == n;
+                if chunk.len() >= max_ops || chunk_bytes >= max_bytes || last {
+                    let mut next = self.writer().record().clone();
+                    next.watermark = r0;
+                    next.scanning = true;
+                    next.prune_pending = prune;
+                    next.scan_cursor = kv.key().to_vec();
+                    let ops = std::mem::take(&mut chunk);
+                    let count = ops.len() as u64;
+                    self.commit_with_retry(&ops, next).await?;
+                    chunk_bytes = 0;
+                    self.engine.update(|s| {
+                        s.initial_sync.keys += count;
+                        s.keys_applied_total += count;
+                        s.lease_backed_keys += std::mem::take(&mut leased);
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
+    /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
+    /// current state is safe. Each target page is merged with the source pages of the same key
+    /// span (the rewrite preserves key order), so at most two pages are in memory.
+    async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
+        let rewriter = self.engine.rewriter.clone();
+        let limit = self.cfg().sync.page_key_limit;
+        let timeout = self.timeout();
+        let mut deleted = 0u64;
+        for window in rewriter.target_windows() {
+            let mut from = window.start.clone();
+            loop {
+                let opts =
+                    GetOptions::new().with_range(window.end.clone()).with_limit(limit).with_keys_only();
+                let resp =
+                    unary("sweep page", Side::Target, timeout, self.target_kv.get(from.clone(), Some(opts)))
+                        .await?;
+                // Excluded or foreign keys under the destination prefix are not ours to delete.
+                let mirrored: Vec<(Vec<u8>, Vec<u8>)> = resp
+                    .kvs()
+                    .iter()
+                    .filter_map(|kv| rewriter.to_source(kv.key()).map(|s| (kv.key().to_vec(), s)))
+                    .collect();
+                let orphans = self.orphans_among(&mirrored, limit).await?;
+                for chunk in orphans.chunks((self.cfg().sync.max_txn_ops as usize).saturating_sub(1).max(1)) {
+                    let mut next = self.writer().record().clone();
+                    next.watermark = r0;
+                    next.scanning = true;
+                    next.prune_pending = true;
+                    deleted += chunk.len() as u64;
+                    self.commit_with_retry(chunk, next).await?;
+                }
+                match (resp.more(), resp.kvs().last()) {
+                    (true, Some(last)) => from = [last.key(), &[0u8]].concat(),
+                    _ => break,
+                }
+            }
+        }
+        info!(deleted, "prune sweep done");
+        Ok(())
+    }
+
+    /// Which of `mirrored` (target key, source key), sorted, have no source key now.
+    async fn orphans_among(
+        &mut self,
+        mirrored: &[(Vec<u8>, Vec<u8>)],
+        limit: i64,
+    ) -> Result<Vec<Op>, EngineError> {
+        let (Some(first), Some(last)) = (mirrored.first(), mirrored.last()) else { return Ok(Vec::new()) };
+        let end = [last.1.as_slice(), &[0u8]].concat();
+        let mut from = first.1.clone();
+        let mut i = 0;
+        let mut orphans = Vec::new();
+        let mut kv = self.source.kv_client();
+        while i < mirrored.len() {
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(limit).with_keys_only();
+            let page =
+                unary("sweep source page", Side::Source, self.timeout(), kv.get(from.clone(), Some(opts)))
+                    .await?;
+            for s in page.kvs() {
+                while i < mirrored.len() && mirrored[i].1.as_slice() < s.key() {
+                    orphans.push(Op::Delete { key: mirrored[i].0.clone() });
+                    i += 1;
+                }
+                if i < mirrored.len() && mirrored[i].1.as_slice() == s.key() {
+                    i += 1;
+                }
+            }
+            match (page.more(), page.kvs().last()) {
+                (true, Some(l)) => from = [l.key(), &[0u8]].concat(),
+                _ => break,
+            }
+        }
+        orphans.extend(mirrored[i..].iter().map(|(t, _)| Op::Delete { key: t.clone() }));
+        Ok(orphans)
+    }
+
+    /// The tail. With `genesis = Some((scan_end, replay))`, first applies the replay and keeps
+    /// `scanning: true` until the watermark reaches `scan_end`.
+    async fn tail(
+        &mut self,
+        mut watch: Watch,
+        genesis: Option<(i64, Vec<Revision>)>,
+    ) -> Result<(), EngineError> {
+        let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
+        let max_ops = self.cfg().sync.max_txn_ops as usize;
+        let flush = self.cfg().sync.txn_flush_bytes.bytes() as usize;
+        if let Some((_, replay)) = genesis {
+            let mut batcher = RevisionBatcher::new(max_ops, flush);
+            for rev in replay {
+                if let Some(b) = batcher.push(rev) {
+                    self.apply(b, &mut scan_end).await?;
+                }
+            }
+            if let Some(b) = batcher.take() {
+                self.apply(b, &mut scan_end).await?;
+            }
+            let _ = watch.sender.request_progress().await;
+        }
+        if scan_end.is_none() {
+            self.engine.set_phase(Phase::Syncing);
+        }
+        let mut progress = tokio::time::interval(if scan_end.is_some() {
+            Duration::from_millis(500)
+        } else {
+            self.cfg().sync.progress_interval.get()
+        });
+        progress.tick().await;
+        loop {
+            let resp = tokio::select! {
+                _ = self.engine.shutdown.cancelled() => return Ok(()),
+                _ = progress.tick() => {
+                    let _ = watch.sender.request_progress().await;
+                    continue;
+                }
+                msg = watch.stream.message() => msg,
+            };
+            let resp = match resp {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return Err(EngineError::Etcd(EtcdError::new(
+                        "watch",
+                        Side::Source,
+                        etcd_client::Error::WatchError("watch stream ended".into()),
+                    )))
+                }
+                Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
+            };
+            self.on_response(resp, &mut scan_end).await?;
+            if scan_end.is_none() && progress.period() != self.cfg().sync.progress_interval.get() {
+                progress = tokio::time::interval(self.cfg().sync.progress_interval.get());
+                progress.tick().await;
+            }
+        }
+    }
+
+    async fn on_response(
+        &mut self,
+        resp: WatchResponse,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        if resp.canceled() || resp.compact_revision() > 0 {
+            let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
+            return Err(match fault.class() {
+                ErrorClass::Resync => EngineError::Resync("WatchCompacted"),
+                _ => EngineError::Etcd(EtcdError::new(
+                    "watch",
+                    Side::Source,
+                    etcd_client::Error::WatchError(format!("watch cancelled: {}", resp.cancel_reason())),
+                )),
+            });
+        }
+        let header_rev = resp.header().map_or(0, |h| h.revision());
+        self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
+        if resp.created() && resp.events().is_empty() {
+            return Ok(());
+        }
+        let watermark = self.writer().record().watermark;
+        if resp.events().is_empty() {
+            // A progress notification: nothing at or below header_rev is still to come.
+            let usable = self.trust || scan_end.is_some_and(|end| header_rev >= end);
+            if usable && header_rev > watermark {
+                let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
+                self.apply(batch, scan_end).await?;
+            } else if usable && header_rev == watermark {
+                self.finish_genesis_if_due(scan_end, watermark).await?;
+                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+            }
+            return Ok(());
+        }
+        let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
+        self.engine.update(|s| s.lease_backed_keys += converted.leased);
+        let mut batcher = RevisionBatcher::new(
+            self.cfg().sync.max_txn_ops as usize,
+            self.cfg().sync.txn_flush_bytes.bytes() as usize,
+        );
+        for rev in converted.revisions {
+            if let Some(b) = batcher.push(rev) {
+                self.apply(b, scan_end).await?;
+            }
+        }
+        if let Some(b) = batcher.take() {
+            self.apply(b, scan_end).await?;
+        }
+        Ok(())
+    }
+
+    async fn finish_genesis_if_due(
+        &mut self,
+        scan_end: &mut Option<i64>,
+        watermark: i64,
+    ) -> Result<(), EngineError> {
+        if let Some(end) = *scan_end {
+            if watermark >= end && self.writer().record().scanning {
+                let mut next = self.writer().record().clone();
+                next.scanning = false;
+                next.scan_cursor.clear();
+                next.prune_pending = false;
+                self.commit_with_retry(&[], next).await?;
+            }
+            if watermark >= end {
+                *scan_end = None;
+                info!(watermark, "initial sync complete");
+                self.engine.update(|s| {
+                    s.initial_sync.completed = Some(now_rfc3339());
+                    s.set_condition("InitialSyncComplete", true, "Complete", "");
+                });
+                self.engine.set_phase(Phase::Syncing);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits one batch with its checkpoint; splits it when the target finds it too big.
+    async fn apply(&mut self, batch: Batch, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
+        let last = batch.last_revision();
+        let ops: Vec<Op> = batch.ops().cloned().collect();
+        let mut next = self.writer().record().clone();
+        next.watermark = last;
+        let done = scan_end.is_some_and(|end| last >= end);
+        if scan_end.is_some() {
+            next.scanning = !done;
+            if done {
+                next.scan_cursor.clear();
+                next.prune_pending = false;
+            }
+        }
+        match self.commit_with_retry(&ops, next).await {
+            Ok(()) => {}
+            Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
+                if batch.revisions.len() > 1 {
+                    for one in batch.split() {
+                        Box::pin(self.apply(one, scan_end)).await?;
+                    }
+                    return Ok(());
+                }
+                let key = ops.first().map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default();
+                return Err(EngineError::Refused {
+                    reason: "RevisionTooLarge",
+                    message: format!(
+                        "source revision {last} ({} ops, first key {key}) is too large for the target ({:?}); nothing of it was applied",
+                        ops.len(),
+                        e.fault
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        let n = ops.len() as u64;
+        if scan_end.is_none() {
+            self.engine.resyncs_in_a_row = 0;
+        }
+        self.engine.update(|s| {
+            s.watermark = last;
+            s.keys_applied_total += n;
+            s.last_progress_time = Some(now_rfc3339());
+            if n > 0 && s.condition("ResyncLoopDetected") {
+                s.set_condition("ResyncLoopDetected", false, "LiveApply", "");
+            }
+        });
+        if done {
+            self.finish_genesis_if_due(scan_end, last).await?;
+        }
+        Ok(())
+    }
+
+    /// One fenced Txn, retried through transient errors, throttling and a full target.
+    async fn commit_with_retry(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
+        let cfg = self.engine.cfg.sync.clone();
+        let mut delay = cfg.backoff.initial.get();
+        let mut rounds = 0u32;
+        loop {
+            let txn_ops = ops.iter().map(Op::to_txn_op).collect();
+            let result = self.writer().commit(txn_ops, Some(next.clone())).await;
+            let err = match result {
+                Ok(_) => {
+                    if rounds > 0 {
+                        info!("target accepts writes again");
+                        self.engine.update(|s| {
+                            s.set_condition("TargetThrottled", false, "Recovered", "");
+                            s.set_condition("TargetQuotaExhausted", false, "Recovered", "");
+                            s.set_condition("TargetReachable", true, "Recovered", "");
+                        });
+                        let phase = if next.scanning { Phase::InitialSync } else { Phase::Syncing };
+                        self.engine.set_phase(phase);
+                    }
+                    return Ok(());
+                }
+                Err(FenceError::Etcd(e)) => e,
+                Err(f) => return Err(f.into()),
+            };
+            rounds += 1;
+            match err.class() {
+                ErrorClass::Quota => {
+                    if rounds == 1 {
+                        error!("target out of space; holding writes and probing");
+                        self.engine.set_phase(Phase::Degraded);
+                        self.engine.update(|s| {
+                            s.set_condition("TargetQuotaExhausted", true, "NoSpace", err.to_string())
+                        });
+                    }
+                    delay = cfg.backoff.max.get().min(Duration::from_secs(60));
+                }
+                ErrorClass::Throttle => {
+                    self.engine.update(|s| {
+                        s.set_condition("TargetThrottled", true, "TooManyRequests", err.to_string())
+                    });
+                    delay = (delay * 2).min(cfg.backoff.max.get());
+                }
+                ErrorClass::Transient => {
+                    if rounds == 3 {
+                        warn!("target unavailable for 3 rounds: {err}");
+                        self.engine.set_phase(Phase::Degraded);
+                        self.engine.update(|s| {
+                            s.set_condition("TargetReachable", false, "Unavailable", err.to_string())
+                        });
+                    }
+                    delay = (delay * 2).min(cfg.backoff.max.get());
+                }
+                _ => return Err(err.into()),
+            }
+            tokio::select! {
+                _ = self.engine.shutdown.cancelled() => {
+                    return Err(EngineError::Etcd(err));
+                }
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+}
+
+/// Reads the watch into the replay buffer during the scan. Ends on `stop` (returning the stream
+/// for the tail), on overflow, or on a compacted or broken watch.
+async fn forward(
+    mut stream: WatchResponseStream,
+    buffer: Arc<Mutex<ReplayBuffer>>,
+    stop: CancellationToken,
+    rewriter: KeyRewriter,
+    r0: i64,
+) -> (WatchResponseStream, Result<(), EngineError>) {
+    let mut floor = r0;
+    loop {
+        let msg = tokio::select! {
+            _ = stop.cancelled() => return (stream, Ok(())),
+            msg = stream.message() => msg,
+        };
+        let resp = match msg {
+            Ok(Some(r)) => r,
+            Ok(None) => return (stream, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
+            Err(e) => return (stream, Err(EtcdError::new("watch", Side::Source, e).into())),
+        };
+        if resp.canceled() || resp.compact_revision() > 0 {
+            return (stream, Err(EngineError::RestartGenesis("CompactedDuringScan")));
+        }
+        let converted = convert_events(resp.events(), &rewriter, floor);
+        if let Some(last) = converted.revisions.last() {
+            floor = last.revision;
+        }
+        if let Err(overflow) = buffer.lock().await.push(converted.revisions) {
+            return (stream, Err(overflow.into()));
+        }
+    }
+}
+
+fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), EngineError> {
+    let mut lowest: Option<(u32, u32, u32)> = None;
+    let mut version = String::new();
+    for m in members {
+        let v = parse_version(&m.version).unwrap_or((0, 0, 0));
+        if v < (3, 4, 0) {
+            return Err(EngineError::Refused {
+                reason: "VersionUnsupported",
+                message: format!(
+                    "{side} endpoint {} runs etcd {:?}; 3.4.0 or newer is required",
+                    m.endpoint, m.version
+                ),
+            });
+        }
+        if lowest.is_none_or(|l| v < l) {
+            lowest = Some(v);
+            version = m.version.clone();
+        }
+    }
+    let cluster = members.first().map_or(0, |m| m.cluster_id);
+    if let Some(other) = members.iter().find(|m| m.cluster_id != cluster) {
+        return Err(EngineError::Refused {
+            reason: "MixedClusters",
+            message: format!("{side} endpoint {} belongs to another cluster", other.endpoint),
+        });
+    }
+    Ok((
+        SideStatus { version, cluster_id: cluster.to_string(), learner: members.iter().any(|m| m.learner) },
+        cluster,
+    ))
+}
+
+fn phase_reason(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Connecting => "Connecting",
+        Phase::InitialSync => "InitialSync",
+        Phase::Syncing => "Syncing",
+        Phase::Degraded => "Degraded",
+        Phase::Standby => "Standby",
+        Phase::Drained => "Drained",
+        Phase::Failed => "Failed",
+    }
+}
+
+fn is_condition(reason: &str) -> bool {
+    matches!(reason, "EmptyTargetViolation" | "DirectionConflict" | "PrefixConflict")
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".into())
+}

@@ -1,0 +1,37 @@
+//! `/statusz`, `/healthz`, `/readyz`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use mirror_core::Phase;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::StatusHandle;
+
+/// Serves until `shutdown`.
+pub async fn serve(listener: tokio::net::TcpListener, status: StatusHandle, shutdown: CancellationToken) {
+    let app = Router::new()
+        .route("/statusz", get(statusz))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(status);
+    let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
+}
+
+async fn statusz(State(status): State<StatusHandle>) -> impl IntoResponse {
+    let snapshot = status.read().expect("status lock").clone();
+    Json(snapshot)
+}
+
+/// 200 unless connecting or failed (SPEC §7).
+async fn readyz(State(status): State<StatusHandle>) -> impl IntoResponse {
+    let phase = status.read().expect("status lock").phase;
+    match phase {
+        Phase::Connecting | Phase::Failed => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{}\n", phase.as_str()))
+        }
+        _ => (StatusCode::OK, format!("{}\n", phase.as_str())),
+    }
+}

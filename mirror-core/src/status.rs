@@ -1,0 +1,259 @@
+//! The `/statusz` document of SPEC §7. Field names are public interface.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the agent is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Probing both sides.
+    #[default]
+    Connecting,
+    /// Genesis scan and replay.
+    InitialSync,
+    /// Tailing the source; G3 holds.
+    Syncing,
+    /// Alive but held back (target full, throttled, unreachable).
+    Degraded,
+    /// Fenced: writes nothing, watches the fence.
+    Standby,
+    /// Cut over: the target is the primary.
+    Drained,
+    /// A permanent error: writes nothing, keeps serving HTTP.
+    Failed,
+}
+
+impl Phase {
+    /// Every phase, for one-hot metrics.
+    pub const ALL: [Phase; 7] = [
+        Phase::Connecting,
+        Phase::InitialSync,
+        Phase::Syncing,
+        Phase::Degraded,
+        Phase::Standby,
+        Phase::Drained,
+        Phase::Failed,
+    ];
+
+    /// The snake_case name used in JSON and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connecting => "connecting",
+            Phase::InitialSync => "initial_sync",
+            Phase::Syncing => "syncing",
+            Phase::Degraded => "degraded",
+            Phase::Standby => "standby",
+            Phase::Drained => "drained",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// What one side reported at connect.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SideStatus {
+    /// Lowest member version seen.
+    pub version: String,
+    /// Cluster id, decimal.
+    pub cluster_id: String,
+    /// Whether any endpoint is a learner.
+    pub learner: bool,
+}
+
+/// Progress of the genesis scan.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InitialSyncStatus {
+    /// Keys written by the scan so far.
+    pub keys: u64,
+    /// Keys in scope at R0.
+    pub total_keys: u64,
+    /// When the scan started (RFC 3339).
+    pub started: Option<String>,
+    /// When the initial sync completed (RFC 3339).
+    pub completed: Option<String>,
+}
+
+/// Forced resyncs since the agent started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForcedResyncs {
+    /// How many.
+    pub count: u64,
+    /// How many per reason.
+    pub by_reason: BTreeMap<String, u64>,
+    /// The most recent reason.
+    pub last_reason: Option<String>,
+}
+
+/// Result of the last reconcile pass.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastReconcile {
+    /// When it finished (RFC 3339).
+    pub time: Option<String>,
+    /// Keys in the source missing from the target.
+    pub missing: u64,
+    /// Keys whose values differ.
+    pub divergent: u64,
+    /// Keys only in the target.
+    pub orphan: u64,
+    /// Keys repaired or deleted.
+    pub repaired: u64,
+}
+
+/// The cutover record (drain mode).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CutoverStatus {
+    /// Source revision the drain waits for.
+    pub drain_target_revision: i64,
+    /// Watermark at which both sides were verified.
+    pub drained_revision: i64,
+    /// When verification passed (RFC 3339).
+    pub verified_time: Option<String>,
+    /// Source keys at the drained revision.
+    pub source_keys: u64,
+    /// Target keys after the drain.
+    pub target_keys: u64,
+    /// Source keys that carried a lease (stripped in the target).
+    pub leased_keys: u64,
+}
+
+/// The last error the engine met.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastError {
+    /// `resync`, `quota`, `throttle`, `permanent`, `transient`.
+    pub class: String,
+    /// A CamelCase reason, e.g. `TooManyOps`.
+    pub reason: String,
+    /// Human-readable, keys redacted.
+    pub message: String,
+}
+
+/// One condition, Kubernetes style.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The condition name, e.g. `Available`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `"True"` or `"False"`.
+    pub status: String,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    pub since: String,
+}
+
+/// The whole `/statusz` document.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// Current phase.
+    pub phase: Phase,
+    /// The link.
+    pub link_uid: String,
+    /// This agent's epoch.
+    pub epoch: u64,
+    /// `mirror` or `primary`.
+    pub role: String,
+    /// This agent's id.
+    pub agent_id: String,
+    /// The source cluster.
+    pub source: SideStatus,
+    /// The target cluster.
+    pub target: SideStatus,
+    /// Source revision the target reflects.
+    pub watermark: i64,
+    /// Latest source revision seen.
+    pub source_revision: i64,
+    /// `source_revision - watermark`.
+    pub lag_revisions: i64,
+    /// Seconds since the watermark last equalled the source revision.
+    pub lag_seconds: f64,
+    /// When the watermark last advanced or was confirmed current (RFC 3339).
+    pub last_progress_time: Option<String>,
+    /// Genesis progress.
+    pub initial_sync: InitialSyncStatus,
+    /// Target keys written by the tail and the scan.
+    pub keys_applied_total: u64,
+    /// Source keys seen with a lease (leases are stripped).
+    pub lease_backed_keys: u64,
+    /// Forced resyncs.
+    pub forced_resyncs: ForcedResyncs,
+    /// Genesis restarts (buffer overflow, compaction mid-scan).
+    pub scan_restarts: u64,
+    /// Source keys in scope at the last count.
+    pub source_keys: Option<u64>,
+    /// Target keys in the destination range at the last count.
+    pub target_keys: Option<u64>,
+    /// The last reconcile pass.
+    pub last_reconcile: Option<LastReconcile>,
+    /// Conditions.
+    pub conditions: Vec<Condition>,
+    /// Cutover record, once draining.
+    pub cutover: Option<CutoverStatus>,
+    /// The last error.
+    pub last_error: Option<LastError>,
+}
+
+impl Status {
+    /// Sets a condition; `since` moves only when its status flips.
+    pub fn set_condition(&mut self, type_: &str, on: bool, reason: &str, message: impl Into<String>) {
+        let status = if on { "True" } else { "False" };
+        let message = message.into();
+        match self.conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => {
+                if c.status != status {
+                    c.since = now_rfc3339();
+                }
+                c.status = status.into();
+                c.reason = reason.into();
+                c.message = message;
+            }
+            None => self.conditions.push(Condition {
+                type_: type_.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message,
+                since: now_rfc3339(),
+            }),
+        }
+    }
+
+    /// Whether a condition is currently true.
+    pub fn condition(&self, type_: &str) -> bool {
+        self.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+    }
+}
+
+/// Now as RFC 3339 with seconds.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A condition keeps its `since` while its status is unchanged.
+    #[test]
+    fn condition_since_moves_only_on_flip() {
+        let mut s = Status::default();
+        s.set_condition("Available", true, "Syncing", "");
+        let since = s.conditions[0].since.clone();
+        s.set_condition("Available", true, "Syncing", "still");
+        assert_eq!(s.conditions[0].since, since);
+        assert!(s.condition("Available"));
+        s.set_condition("Available", false, "Fenced", "");
+        assert!(!s.condition("Available"));
+    }
+
+    /// Phases serialise to the names of SPEC §7.
+    #[test]
+    fn phase_names() {
+        for p in Phase::ALL {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The fenced writer: every target write of the agent goes through [`FencedWriter::commit`].
+//!
+//! ## Why a mod-revision compare is the whole fence (G4)
+//! 1. Every write that claims or moves the checkpoint puts the checkpoint key, which gives it a
+//!    new mod revision.
+//! 2. Every Txn, data-only or not, is guarded by `ModRevision(checkpoint_key) == cached`.
+//! 3. So once any other writer (a newer epoch, a cutover, an operator) touches the key, every
+//!    Txn this writer still has in flight or will send fails its compare, atomically, in the
+//!    target itself; no clock, lease or side channel is involved.
+//!
+//! ## Retry ownership
+//! A Txn whose answer was lost (timeout, broken connection) may or may not have landed. The
+//! caller retries the *same* commit. If it had landed, the retry's compare fails; the writer then
+//! re-reads the key and, finding exactly the bytes it wrote, adopts them as committed (the
+//! ambiguous-commit rule of SPEC §6). Data-only Txns are idempotent puts and deletes of whole
+//! revisions, so re-applying them is harmless.
+//!
+//! ## Compare failures
+//! Re-read the key: deleted → fence lost; other link → prefix conflict; role primary → cut
+//! over; higher epoch → fenced; lower epoch → taken over only before this writer's first
+//! successful commit, after it the epoch regressed and the writer stops.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, KvClient, Txn, TxnOp};
+use mirror_core::{unary, ErrorClass, EtcdError, Side};
+
+use crate::checkpoint::{Checkpoint, DecodeError, Role};
+
+/// Why a fenced write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// A writer with a newer epoch holds the fence: cold standby.
+    #[error("fenced by epoch {stored} (this agent has epoch {ours})")]
+    FencedByNewerEpoch {
+        /// Epoch in the checkpoint.
+        stored: u64,
+        /// Our epoch.
+        ours: u64,
+    },
+    /// An older or equal epoch wrote after we held the fence: someone runs with a stale config.
+    #[error("epoch regressed: checkpoint now has epoch {stored} by {agent:?} after this agent (epoch {ours}) committed")]
+    EpochRegressed {
+        /// Epoch in the checkpoint.
+        stored: u64,
+        /// Our epoch.
+        ours: u64,
+        /// The writer named in the record.
+        agent: String,
+    },
+    /// The checkpoint belongs to another link: two links write one range.
+    #[error("checkpoint belongs to link {stored:?}, not {ours:?}")]
+    PrefixConflict {
+        /// Link in the checkpoint.
+        stored: String,
+        /// Our link.
+        ours: String,
+    },
+    /// The target was promoted: nobody mirrors into it any more.
+    #[error("the target was cut over (checkpoint role is primary)")]
+    CutOver,
+    /// The checkpoint key was deleted under us.
+    #[error("the checkpoint key was deleted: fence lost")]
+    FenceLost,
+    /// The checkpoint cannot be decoded; fail closed.
+    #[error("checkpoint is corrupt: {0}")]
+    Corrupt(#[from] DecodeError),
+    /// The Txn itself failed.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+}
+
+impl FenceError {
+    /// The class of SPEC §5: etcd errors keep theirs; every fence outcome is permanent for
+    /// this writer (standby outcomes are told apart by [`FenceError::standby_reason`]).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            FenceError::Etcd(e) => e.class(),
+            _ => ErrorClass::Permanent,
+        }
+    }
+
+    /// For outcomes that mean "another writer legitimately holds the fence": the `Fenced`
+    /// condition's reason. The agent goes to cold standby instead of failing.
+    pub fn standby_reason(&self) -> Option<&'static str> {
+        match self {
+            FenceError::FencedByNewerEpoch { .. } => Some("FencedByNewerEpoch"),
+            FenceError::EpochRegressed { .. } => Some("EpochRegressed"),
+            FenceError::CutOver => Some("TargetPromoted"),
+            _ => None,
+        }
+    }
+
+    /// CamelCase reason for status.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FenceError::FencedByNewerEpoch { .. } => "FencedByNewerEpoch",
+            FenceError::EpochRegressed { .. } => "EpochRegressed",
+            FenceError::PrefixConflict { .. } => "PrefixConflict",
+            FenceError::CutOver => "TargetPromoted",
+            FenceError::FenceLost => "FenceLost",
+            FenceError::Corrupt(_) => "CorruptCheckpoint",
+            FenceError::Etcd(_) => "EtcdError",
+        }
+    }
+}
+
+/// What the checkpoint key holds now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// No checkpoint: a new link.
+    Absent,
+    /// A decodable record and its mod revision.
+    Present {
+        /// The record.
+        record: Checkpoint,
+        /// Its mod revision, the fence token.
+        mod_revision: i64,
+    },
+}
+
+impl Observed {
+    /// The mod revision to compare against (0 matches an absent key in etcd).
+    pub fn mod_revision(&self) -> i64 {
+        match self {
+            Observed::Absent => 0,
+            Observed::Present { mod_revision, .. } => *mod_revision,
+        }
+    }
+}
+
+/// Reads and decodes the checkpoint; undecodable bytes are an error (fail closed).
+pub async fn read_checkpoint(
+    kv: &mut KvClient,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<Observed, FenceError> {
+    let resp = unary("read checkpoint", Side::Target, timeout, kv.get(key, None)).await?;
+    match resp.kvs().first() {
+        None => Ok(Observed::Absent),
+        Some(kv) => {
+            Ok(Observed::Present { record: Checkpoint::decode(kv.value())?, mod_revision: kv.mod_revision() })
+        }
+    }
+}
+
+/// Whether `ours` may take the fence from what is stored (checked before the first commit).
+pub fn may_claim(observed: &Observed, ours: &Checkpoint) -> Result<(), FenceError> {
+    match observed {
+        Observed::Absent => Ok(()),
+        Observed::Present { record, .. } => {
+            if record.link_uid != ours.link_uid {
+                return Err(FenceError::PrefixConflict {
+                    stored: record.link_uid.clone(),
+                    ours: ours.link_uid.clone(),
+                });
+            }
+            if record.role == Role::Primary {
+                return Err(FenceError::CutOver);
+            }
+            if record.epoch > ours.epoch {
+                return Err(FenceError::FencedByNewerEpoch { stored: record.epoch, ours: ours.epoch });
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The only way the agent writes to the target.
+pub struct FencedWriter {
+    kv: KvClient,
+    key: Vec<u8>,
+    mod_revision: i64,
+    record: Checkpoint,
+    timeout: Duration,
+}
+
+impl FencedWriter {
+    /// Takes the fence: writes `record` if the key still is what `observed` saw. A lower or
+    /// equal stored epoch is taken over; a concurrent change is re-read and judged once more.
+    pub async fn claim(
+        mut kv: KvClient,
+        key: Vec<u8>,
+        mut observed: Observed,
+        record: Checkpoint,
+        timeout: Duration,
+    ) -> Result<FencedWriter, FenceError> {
+        for _ in 0..3 {
+            may_claim(&observed, &record)?;
+            let bytes = record.encode();
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, observed.mod_revision())])
+                .and_then([TxnOp::put(key.clone(), bytes.clone(), None)]);
+            let resp = unary("claim fence", Side::Target, timeout, kv.txn(txn)).await?;
+            if resp.succeeded() {
+                let mod_revision = resp.header().map_or(0, |h| h.revision());
+                return Ok(FencedWriter { kv, key, mod_revision, record, timeout });
+            }
+            observed = read_checkpoint(&mut kv, &key, timeout).await?;
+            if let Observed::Present { record: stored, mod_revision } = &observed {
+                if stored.encode() == bytes {
+                    // Our own earlier attempt landed.
+                    return Ok(FencedWriter { kv, key, mod_revision: *mod_revision, record, timeout });
+                }
+            }
+        }
+        // Three lost races in a row: another writer of our epoch or older is active.
+        match observed {
+            Observed::Present { record: stored, .. } => Err(FenceError::EpochRegressed {
+                stored: stored.epoch,
+                ours: record.epoch,
+                agent: stored.agent_id,
+            }),
+            Observed::Absent => Err(FenceError::FenceLost),
+        }
+    }
+
+    /// The record this writer last committed.
+    pub fn record(&self) -> &Checkpoint {
+        &self.record
+    }
+
+    /// The fence token every Txn compares against.
+    pub fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+
+    /// The checkpoint key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// A clone of the KV client (for reads that need no fence).
+    pub fn kv(&self) -> KvClient {
+        self.kv.clone()
+    }
+
+    /// One fenced Txn: `ops` and, when `next` is given, the checkpoint put, all or nothing.
+    /// Returns the target revision of the Txn.
+    pub async fn commit(&mut self, ops: Vec<TxnOp>, next: Option<Checkpoint>) -> Result<i64, FenceError> {
+        let next_bytes = next.as_ref().map(Checkpoint::encode);
+        let mut all = ops;
+        if let Some(bytes) = &next_bytes {
+            all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
+            .and_then(all);
+        let resp = unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        if resp.succeeded() {
+            if let Some(next) = next {
+                self.mod_revision = revision;
+                self.record = next;
+            }
+            return Ok(revision);
+        }
+        self.judge_failed_compare(next_bytes.as_deref(), next).await
+    }
+
+    /// A data-only Txn guarded by the fence compare, usable concurrently with others of its
+    /// kind (they all compare the same mod revision, so they do not conflict with each other).
+    pub fn data_txn(&self, ops: Vec<TxnOp>) -> Txn {
+        Txn::new()
+            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
+            .and_then(ops)
+    }
+
+    /// Re-reads the fence after a failed compare and names the outcome.
+    async fn judge_failed_compare(
+        &mut self,
+        attempted: Option<&[u8]>,
+        next: Option<Checkpoint>,
+    ) -> Result<i64, FenceError> {
+        let resp =
+            unary("re-read checkpoint", Side::Target, self.timeout, self.kv.get(self.key.clone(), None))
+                .await?;
+        let Some(kv) = resp.kvs().first() else { return Err(FenceError::FenceLost) };
+        if let (Some(bytes), Some(next)) = (attempted, next) {
+            if kv.value() == bytes {
+                self.mod_revision = kv.mod_revision();
+                self.record = next;
+                return Ok(kv.mod_revision());
+            }
+        }
+        let stored = Checkpoint::decode(kv.value())?;
+        if stored.link_uid != self.record.link_uid {
+            return Err(FenceError::PrefixConflict {
+                stored: stored.link_uid,
+                ours: self.record.link_uid.clone(),
+            });
+        }
+        if stored.role == Role::Primary {
+            return Err(FenceError::CutOver);
+        }
+        if stored.epoch > self.record.epoch {
+            return Err(FenceError::FencedByNewerEpoch { stored: stored.epoch, ours: self.record.epoch });
+        }
+        Err(FenceError::EpochRegressed {
+            stored: stored.epoch,
+            ours: self.record.epoch,
+            agent: stored.agent_id,
+        })
+    }
+}

@@ -79,6 +79,15 @@ impl ContainerNode {
         Ok(())
     }
 
+    pub(crate) fn logs(&self) -> String {
+        let Some(c) = &self.container else { return String::new() };
+        std::process::Command::new("docker")
+            .args(["logs", c.id()])
+            .output()
+            .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+            .unwrap_or_default()
+    }
+
     pub(crate) async fn pause(&mut self) -> anyhow::Result<()> {
         Ok(self.get()?.pause().await?)
     }

@@ -188,6 +188,16 @@ impl Node {
         format!("http://{}", self.client_addr())
     }
 
+    /// Everything the member logged so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        match &self.inner {
+            NodeInner::Process(_) => {
+                std::fs::read_to_string(self.plan.data_dir.with_extension("log")).unwrap_or_default()
+            }
+            NodeInner::Container(c) => c.logs(),
+        }
+    }
+
     /// Graceful stop (SIGTERM); data is kept.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
         match &mut self.inner {

@@ -347,6 +347,11 @@ impl EtcdCluster {
         &mut self.nodes
     }
 
+    /// Logs of every member, concatenated.
+    pub fn nodes_log(&self) -> String {
+        self.nodes.iter().map(Node::log).collect::<Vec<_>>().join("\n")
+    }
+
     /// A client to every member, with the agent's keepalive settings.
     pub async fn client(&self) -> anyhow::Result<Client> {
         Ok(Client::connect(self.endpoints(), Some(mirror_core::connect_options(Duration::from_secs(5))))

@@ -77,8 +77,10 @@ async fn caught_up(agent: &AgentProcess, src: &mut Client) -> mirror_core::Statu
     agent.wait_for(&format!("watermark >= {rev}"), SYNC_TIMEOUT, |s| s.watermark >= rev).await.unwrap()
 }
 
+/// Short progress interval and backoff so tests converge quickly. Progress notifications keep
+/// the version gate: both test versions predate the fix, so trusting them would be unsafe.
 fn fast_progress(cfg: AgentConfig) -> AgentConfig {
-    cfg.with("[sync]\nprogress_interval = \"1s\"\ntrust_progress_notify = \"always\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
+    cfg.with("[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
 }
 
 /// Live tail: a multi-key source Txn lands as one target Txn; puts, overwrites, deletes and
@@ -235,4 +237,248 @@ async fn compaction_mid_scan_converges() {
     caught_up(&agent, &mut src).await;
     assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 50_000, .. }));
     assert_eq!(status.forced_resyncs.count, 0, "compaction mid-scan must not force a resync");
+}
+
+/// `require_empty` on a non-empty target writes nothing and reports `EmptyTargetViolation`.
+#[tokio::test]
+async fn require_empty_refuses_a_non_empty_target() {
+    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/e/", 100, 8).await.unwrap();
+    dst.put("/e/already-here", "x", None).await.unwrap();
+    let before =
+        dst.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
+    let cfg = pair.config("empty", "/e/");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert!(status.condition("EmptyTargetViolation"), "{status:#?}");
+    assert_eq!(agent.http_code("/readyz").await.unwrap(), 503);
+    assert_eq!(agent.http_code("/healthz").await.unwrap(), 200);
+    let after =
+        dst.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
+    assert_eq!(before, after, "nothing may be written to the target");
+}
+
+/// `overwrite` keeps orphans and overwrites conflicts; `overwrite_and_prune` removes orphans.
+#[tokio::test]
+async fn overwrite_modes_treat_orphans_as_configured() {
+    for (mode, orphan_survives) in [("overwrite", true), ("overwrite_and_prune", false)] {
+        let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+        let (mut src, mut dst) = pair.clients().await;
+        load_keys(&mut src, "/o/", 300, 8).await.unwrap();
+        dst.put("/o/key-00000001", "stale", None).await.unwrap();
+        dst.put("/o/orphan", "only-in-target", None).await.unwrap();
+        let cfg =
+            fast_progress(pair.config("overwrite", "/o/")).with(&format!("[initial_sync]\nmode = {mode:?}"));
+        let agent = AgentProcess::start(&cfg).await.unwrap();
+        synced(&agent).await;
+        assert_eq!(dst.get("/o/key-00000001", None).await.unwrap().kvs()[0].value(), b"vvvvvvvv");
+        assert_eq!(count(&mut dst, "/o/orphan").await == 1, orphan_survives, "mode {mode}");
+        if !orphan_survives {
+            assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 300, .. }));
+        }
+    }
+}
+
+/// Excluded prefixes are cut out of every Get window: the source's request log (every range
+/// request is logged with `--experimental-warning-apply-duration=1ns`) never shows a Get that
+/// starts inside an excluded prefix, and no excluded key reaches the target.
+#[tokio::test]
+async fn excluded_prefixes_are_never_fetched() {
+    let source = EtcdCluster::start(
+        ClusterSpec::new(EtcdVersion::V3_5_1).arg("--experimental-warning-apply-duration=1ns"),
+    )
+    .await
+    .unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/x/keep/", 500, 8).await.unwrap();
+    load_keys(&mut src, "/x/secret/", 500, 8).await.unwrap();
+    load_keys(&mut src, "/x/zz/", 500, 8).await.unwrap();
+    let cfg = fast_progress(AgentConfig::new("excl", source.endpoints(), target.endpoints(), "/x/"))
+        .with("exclude_prefixes = [\"secret/\"]\npage_key_limit = 100");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    src.put("/x/secret/live", "no", None).await.unwrap();
+    src.put("/x/keep/live", "yes", None).await.unwrap();
+    caught_up(&agent, &mut src).await;
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(count(&mut dst, "/x/secret/").await, 0);
+    assert_eq!(count(&mut dst, "/x/keep/").await, 501);
+    assert_eq!(count(&mut dst, "/x/zz/").await, 500);
+    let log = source.nodes_log();
+    let gets: Vec<&str> = log.lines().filter(|l| l.contains("read-only range")).collect();
+    assert!(gets.len() > 10, "expected the source to log the agent's Gets ({} found)", gets.len());
+    let inside = gets.iter().filter(|l| l.contains("key:\\\"/x/secret/")).count();
+    assert_eq!(inside, 0, "{inside} Gets started inside the excluded prefix");
+}
+
+/// A second agent with a higher epoch takes over; the first goes to standby and writes nothing
+/// more; a corrupt checkpoint makes an agent refuse to write.
+#[tokio::test]
+async fn fence_overlap_rejects_stale_writer() {
+    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/f/", 200, 8).await.unwrap();
+    let cfg1 = fast_progress(pair.config("fence", "/f/"));
+    let old = AgentProcess::start(&cfg1).await.unwrap();
+    synced(&old).await;
+
+    let cfg2 = cfg1.clone().epoch(2);
+    let mut new = AgentProcess::start(&cfg2).await.unwrap();
+    synced(&new).await;
+    src.put("/f/after-takeover", "1", None).await.unwrap();
+    let status = old.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+    assert!(status.condition("Fenced"), "{status:#?}");
+    assert_eq!(old.http_code("/readyz").await.unwrap(), 200, "standby is ready");
+    caught_up(&new, &mut src).await;
+
+    // Stop the new holder; the old one must not write anything any more.
+    new.terminate().await.unwrap();
+    let cp = cfg1.parsed().unwrap().checkpoint_key();
+    let before = dst.get(cp.clone(), None).await.unwrap().kvs()[0].mod_revision();
+    src.put("/f/after-new-stopped", "1", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(dst.get(cp.clone(), None).await.unwrap().kvs()[0].mod_revision(), before);
+    assert_eq!(count(&mut dst, "/f/after-new-stopped").await, 0);
+    assert_eq!(old.status().await.unwrap().phase, Phase::Standby);
+
+    // A corrupt checkpoint: an agent refuses to write.
+    dst.put(cp.clone(), "{not json", None).await.unwrap();
+    let rev = dst.get(cp.clone(), None).await.unwrap().kvs()[0].mod_revision();
+    let third = AgentProcess::start(&cfg2.clone().epoch(3)).await.unwrap();
+    let status = third.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert_eq!(status.last_error.unwrap().reason, "CorruptCheckpoint");
+    assert_eq!(dst.get(cp, None).await.unwrap().kvs()[0].mod_revision(), rev);
+}
+
+/// A revision with more ops than the target's --max-txn-ops fails permanently, key redacted,
+/// nothing of it applied; earlier revisions landed.
+#[tokio::test]
+async fn oversized_revision_fails_permanently_unapplied() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=8")).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    let cfg = fast_progress(AgentConfig::new("big", source.endpoints(), target.endpoints(), "/b/"))
+        .with("max_txn_ops = 64");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    agent.wait_for("syncing", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing).await.unwrap();
+    src.put("/b/small", "1", None).await.unwrap();
+    let ops: Vec<etcd_client::TxnOp> =
+        (0..20).map(|i| etcd_client::TxnOp::put(format!("/b/secret-name-{i:02}"), "v", None)).collect();
+    src.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = status.last_error.unwrap();
+    assert_eq!(err.class, "permanent");
+    assert_eq!(err.reason, "RevisionTooLarge");
+    assert!(err.message.contains("/b/…"), "key must be shown redacted: {}", err.message);
+    assert!(!err.message.contains("secret-name"), "key must not leak: {}", err.message);
+    assert!(!agent.log().contains("secret-name"), "logs must not leak the key");
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(count(&mut dst, "/b/small").await, 1);
+    assert_eq!(count(&mut dst, "/b/secret-name-").await, 0, "nothing of the revision may land");
+}
+
+/// Replaying revisions already applied (the checkpoint rewound, as after an ambiguous commit)
+/// changes nothing: the target still equals the source.
+#[tokio::test]
+async fn duplicate_replay_is_idempotent() {
+    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let (mut src, mut dst) = pair.clients().await;
+    let cfg = fast_progress(pair.config("dup", "/d/"));
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let start = synced(&agent).await.watermark;
+    for i in 0..50 {
+        src.put(format!("/d/{}", i % 7), i.to_string(), None).await.unwrap();
+        if i % 9 == 0 {
+            src.delete(format!("/d/{}", i % 5), None).await.unwrap();
+        }
+    }
+    caught_up(&agent, &mut src).await;
+    agent.terminate().await.unwrap();
+    // Rewind the watermark to before all of it.
+    let cp = cfg.parsed().unwrap().checkpoint_key();
+    let mut record =
+        mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
+    record.watermark = start;
+    dst.put(cp, record.encode(), None).await.unwrap();
+    agent.restart().await.unwrap();
+    caught_up(&agent, &mut src).await;
+    assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { .. }));
+}
+
+/// Mixed versions: 3.4.23 → 3.5.1 and 3.5.1 → 3.4.23, scan and tail.
+#[rstest::rstest]
+#[case::v34_to_v35(EtcdVersion::V3_4_23, EtcdVersion::V3_5_1)]
+#[case::v35_to_v34(EtcdVersion::V3_5_1, EtcdVersion::V3_4_23)]
+#[tokio::test]
+async fn mixed_versions_mirror(#[case] source: EtcdVersion, #[case] target: EtcdVersion) {
+    let pair = Pair::start(source, target).await;
+    let (mut src, _dst) = pair.clients().await;
+    load_keys(&mut src, "/m/", 3_000, 16).await.unwrap();
+    let cfg = fast_progress(pair.config("mixed", "/m/"));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = synced(&agent).await;
+    assert_eq!(status.source.version, source.as_str());
+    assert_eq!(status.target.version, target.as_str());
+    for i in 0..20 {
+        src.put(format!("/m/tail/{i}"), "t", None).await.unwrap();
+    }
+    src.delete("/m/key-00000000", None).await.unwrap();
+    caught_up(&agent, &mut src).await;
+    assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 3_019, .. }));
+}
+
+/// A target with a tiny quota: the agent reports `TargetQuotaExhausted` and holds; after the
+/// operator restarts the target with a larger quota and disarms the alarm, it resumes by itself
+/// and G3 holds.
+#[tokio::test]
+async fn quota_exhaustion_parks_and_recovers() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut target =
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--quota-backend-bytes=1048576"))
+            .await
+            .unwrap();
+    let mut src = source.client().await.unwrap();
+    let cfg = fast_progress(AgentConfig::new("quota", source.endpoints(), target.endpoints(), "/q/"));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    agent.wait_for("syncing", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing).await.unwrap();
+    // Write until the target runs out of space (its database grows in steps, so the exact
+    // amount varies).
+    let value = vec![b'q'; 100 * 1024];
+    let mut written = 0;
+    for i in 0..400 {
+        src.put(format!("/q/{i:03}"), value.clone(), None).await.unwrap();
+        written += 1;
+        if i % 10 == 9 && agent.status().await.unwrap().condition("TargetQuotaExhausted") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = agent
+        .wait_for("TargetQuotaExhausted", SYNC_TIMEOUT, |s| s.condition("TargetQuotaExhausted"))
+        .await
+        .unwrap();
+    assert_eq!(status.phase, Phase::Degraded);
+
+    target.node(0).restart_with(vec!["--quota-backend-bytes=1073741824".into()]).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    // Disarm as `etcdctl alarm disarm` does: each raised alarm by its member id.
+    let alarms = dst.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    assert!(!alarms.alarms().is_empty(), "the NOSPACE alarm should be raised");
+    for a in alarms.alarms() {
+        let mut opts = etcd_client::AlarmOptions::new();
+        opts.with_member(a.member_id());
+        dst.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, Some(opts))
+            .await
+            .unwrap();
+    }
+    caught_up(&agent, &mut src).await;
+    let status = agent.status().await.unwrap();
+    assert!(!status.condition("TargetQuotaExhausted"), "{status:#?}");
+    assert_eq!(status.phase, Phase::Syncing);
+    let parsed = cfg.parsed().unwrap();
+    let got = check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();
+    assert!(matches!(got, G3::Holds { keys, .. } if keys == written), "{got:?}, {written} written");
 }

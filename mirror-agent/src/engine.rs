@@ -320,6 +320,7 @@ impl Engine {
             target_cluster,
             trust,
             writer: None,
+            watch: None,
         };
         run.start(pending).await
     }
@@ -334,6 +335,9 @@ struct Run<'e> {
     target_cluster: u64,
     trust: bool,
     writer: Option<FencedWriter>,
+    /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
+    /// source's events wait in the source, not in this process.
+    watch: Option<Watch>,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is
@@ -671,11 +675,8 @@ impl Run<'_> {
 
     /// The tail. With `genesis = Some((scan_end, replay))`, first applies the replay and keeps
     /// `scanning: true` until the watermark reaches `scan_end`.
-    async fn tail(
-        &mut self,
-        mut watch: Watch,
-        genesis: Option<(i64, Vec<Revision>)>,
-    ) -> Result<(), EngineError> {
+    async fn tail(&mut self, watch: Watch, genesis: Option<(i64, Vec<Revision>)>) -> Result<(), EngineError> {
+        self.watch = Some(watch);
         let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
         let max_ops = self.cfg().sync.max_txn_ops as usize;
         let flush = self.cfg().sync.txn_flush_bytes.bytes() as usize;
@@ -689,18 +690,22 @@ impl Run<'_> {
             if let Some(b) = batcher.take() {
                 self.apply(b, &mut scan_end).await?;
             }
-            let _ = watch.sender.request_progress().await;
         }
         if scan_end.is_none() {
             self.engine.set_phase(Phase::Syncing);
         }
-        let mut progress = tokio::time::interval(if scan_end.is_some() {
-            Duration::from_millis(500)
-        } else {
-            self.cfg().sync.progress_interval.get()
-        });
-        progress.tick().await;
+        let steady = self.cfg().sync.progress_interval.get();
+        // While the initial sync waits for scan_end, ask for progress often.
+        let mut progress =
+            tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
         loop {
+            if self.watch.is_none() {
+                // Cancelled under sustained target backoff; the target takes writes again.
+                let from = self.writer().record().watermark + 1;
+                info!(from, "re-watching the source from the watermark");
+                self.watch = Some(self.open_watch(from).await?);
+            }
+            let watch = self.watch.as_mut().expect("opened above");
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = progress.tick() => {
@@ -721,8 +726,8 @@ impl Run<'_> {
                 Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
             };
             self.on_response(resp, &mut scan_end).await?;
-            if scan_end.is_none() && progress.period() != self.cfg().sync.progress_interval.get() {
-                progress = tokio::time::interval(self.cfg().sync.progress_interval.get());
+            if scan_end.is_none() && progress.period() != steady {
+                progress = tokio::time::interval(steady);
                 progress.tick().await;
             }
         }
@@ -751,14 +756,22 @@ impl Run<'_> {
         }
         let watermark = self.writer().record().watermark;
         if resp.events().is_empty() {
-            // A progress notification: nothing at or below header_rev is still to come.
-            let usable = self.trust || scan_end.is_some_and(|end| header_rev >= end);
-            if usable && header_rev > watermark {
-                let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
-                self.apply(batch, scan_end).await?;
-            } else if usable && header_rev == watermark {
-                self.finish_genesis_if_due(scan_end, watermark).await?;
-                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+            // A progress notification. A trusted one says nothing at or below header_rev is
+            // still to come. An untrusted one (etcd < 3.4.25 / 3.5.8 may send it ahead of events
+            // committed at that very moment) still proves that everything up to scan_end, which
+            // was committed before the request was sent, has been delivered.
+            let reached =
+                if self.trust { Some(header_rev) } else { scan_end.filter(|end| header_rev >= *end) };
+            match reached {
+                Some(rev) if rev > watermark => {
+                    let batch = Batch { revisions: vec![Revision { revision: rev, ops: Vec::new() }] };
+                    self.apply(batch, scan_end).await?;
+                }
+                Some(_) => {
+                    self.finish_genesis_if_due(scan_end, watermark).await?;
+                    self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+                }
+                None => {}
             }
             return Ok(());
         }
@@ -884,6 +897,9 @@ impl Run<'_> {
                 Err(f) => return Err(f.into()),
             };
             rounds += 1;
+            if rounds == 3 && self.watch.take().is_some() {
+                warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
+            }
             match err.class() {
                 ErrorClass::Quota => {
                     if rounds == 1 {

@@ -16,6 +16,7 @@
 //! operator would, so what is tested is what ships.
 
 mod agent;
+pub mod bench;
 mod check;
 mod container;
 mod etcd;

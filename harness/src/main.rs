@@ -1,7 +1,7 @@
 //! `harness`: start real etcd for people, not only for tests.
 //!
 //! `harness demo` starts a local source and target etcd and prints how to reach them and a
-//! ready-to-use agent config.
+//! ready-to-use agent config. `harness bench` prints performance figures.
 
 use clap::{Parser, Subcommand};
 use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
@@ -27,6 +27,24 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         keys: usize,
     },
+    /// Print performance figures, each next to a baseline measured in the same run.
+    Bench {
+        /// Keys for the write ceiling and the agent's initial sync.
+        #[arg(long, default_value_t = 100_000)]
+        keys: usize,
+        /// Value size in bytes.
+        #[arg(long, default_value_t = 100)]
+        value_size: usize,
+        /// Keys for etcdctl make-mirror (slow).
+        #[arg(long, default_value_t = 3_000)]
+        make_mirror_keys: usize,
+        /// Tail write rate per second.
+        #[arg(long, default_value_t = 500)]
+        tail_rate: u32,
+        /// Tail duration in seconds.
+        #[arg(long, default_value_t = 10)]
+        tail_seconds: u64,
+    },
 }
 
 fn version(v: &str) -> anyhow::Result<EtcdVersion> {
@@ -42,6 +60,16 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Demo { source_version, target_version, keys } => {
             demo(version(&source_version)?, version(&target_version)?, keys).await
+        }
+        Command::Bench { keys, value_size, make_mirror_keys, tail_rate, tail_seconds } => {
+            harness::bench::run(harness::bench::BenchPlan {
+                keys,
+                value_size,
+                make_mirror_keys,
+                tail_rate,
+                tail_seconds,
+            })
+            .await
         }
     }
 }

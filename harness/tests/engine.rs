@@ -482,3 +482,31 @@ async fn quota_exhaustion_parks_and_recovers() {
     let got = check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();
     assert!(matches!(got, G3::Holds { keys, .. } if keys == written), "{got:?}, {written} written");
 }
+
+/// Many small revisions delivered in one watch response are merged into one Txn; when the target
+/// (here `--max-txn-ops=8`) refuses it, the agent retries one revision at a time and every key
+/// lands.
+#[tokio::test]
+async fn merged_txn_too_big_is_retried_per_revision() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=8")).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    let cfg = fast_progress(AgentConfig::new("split", source.endpoints(), target.endpoints(), "/s/"))
+        .with("max_txn_ops = 64");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent.terminate().await.unwrap();
+    // While the agent is down, 30 one-key revisions: the restarted watch delivers them together.
+    for i in 0..30 {
+        src.put(format!("/s/{i:02}"), "v", None).await.unwrap();
+    }
+    agent.restart().await.unwrap();
+    caught_up(&agent, &mut src).await;
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(count(&mut dst, "/s/").await, 31);
+    let parsed = cfg.parsed().unwrap();
+    let got = check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();
+    assert!(matches!(got, G3::Holds { keys: 30, .. }), "{got:?}");
+    assert!(agent.log().contains("retrying one revision at a time"), "the merged Txn was never refused");
+}

@@ -29,6 +29,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
+use futures::StreamExt as _;
 use mirror_core::{
     connect, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary, Config,
     ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, MemberInfo, Phase, Side,
@@ -38,8 +39,14 @@ use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observ
 use mirror_scan::{count, Scanner};
 use mirror_watch::{convert_events, open_watch, Batch, Op, ReplayBuffer, Revision, RevisionBatcher};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
+
+/// Data-only scan Txns in flight at once.
+const SCAN_TXNS_IN_FLIGHT: usize = 4;
+/// Txns per scan cycle; the last one of each carries the checkpoint.
+const SCAN_CYCLE_TXNS: usize = 16;
 
 /// Shared, readable by the HTTP server.
 pub type StatusHandle = Arc<RwLock<Status>>;
@@ -114,6 +121,8 @@ pub struct Engine {
     agent_id: String,
     /// Consecutive forced resyncs with no live apply between.
     resyncs_in_a_row: u32,
+    /// Since when the watermark trails the source revision (for `lag_seconds`).
+    behind_since: RwLock<Option<Instant>>,
 }
 
 impl Engine {
@@ -128,13 +137,28 @@ impl Engine {
             s.role = "mirror".into();
             s.agent_id = agent_id.clone();
         }
-        Engine { cfg, rewriter, status, shutdown, agent_id, resyncs_in_a_row: 0 }
+        Engine {
+            cfg,
+            rewriter,
+            status,
+            shutdown,
+            agent_id,
+            resyncs_in_a_row: 0,
+            behind_since: RwLock::new(None),
+        }
     }
 
     fn update(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.write().expect("status lock");
         f(&mut s);
         s.lag_revisions = (s.source_revision - s.watermark).max(0);
+        let mut behind = self.behind_since.write().expect("lag lock");
+        if s.lag_revisions == 0 {
+            *behind = None;
+            s.lag_seconds = 0.0;
+        } else {
+            s.lag_seconds = behind.get_or_insert_with(Instant::now).elapsed().as_secs_f64();
+        }
     }
 
     fn set_phase(&self, phase: Phase) {
@@ -538,6 +562,16 @@ impl Run<'_> {
         self.tail(watch, Some((scan_end, replay))).await
     }
 
+    /// Step 5: the scan, pipelined (SPEC §9's hint).
+    ///
+    /// A reader task fetches the next page while the current one is written. Pages are cut into
+    /// Txn-sized chunks and written in *cycles*: every chunk of a cycle but the last goes out as a
+    /// data-only Txn carrying just the fence compare, up to [`SCAN_TXNS_IN_FLIGHT`] at once. They
+    /// all compare the same mod revision, so they never conflict with each other, and scan keys
+    /// are disjoint and idempotent, so their order does not matter. Only when all of them have
+    /// landed does the last chunk go out together with the checkpoint put that advances
+    /// `scan_cursor`. The fence holds: a takeover moves the mod revision and every stale Txn
+    /// fails; a chunk that failed is redone through the fenced, judged commit path.
     async fn scan(
         &mut self,
         r0: i64,
@@ -545,7 +579,7 @@ impl Run<'_> {
         prune: bool,
         forwarder: &tokio::task::JoinHandle<(WatchResponseStream, Result<(), EngineError>)>,
     ) -> Result<(), EngineError> {
-        let cfg = &self.engine.cfg.sync;
+        let cfg = self.engine.cfg.sync.clone();
         let mut scanner = Scanner::new(
             self.source.kv_client(),
             &self.engine.rewriter,
@@ -554,45 +588,108 @@ impl Run<'_> {
             cfg.request_timeout.get(),
         )
         .resume_after(&cursor);
-        let max_ops = (cfg.max_txn_ops as usize).saturating_sub(1).max(1);
-        let max_bytes = cfg.txn_flush_bytes.bytes() as usize;
-        while let Some(page) = scanner.next_page().await? {
-            if forwarder.is_finished() {
-                // The forwarder stops early only on overflow or a compacted watch.
-                return Ok(());
+        // One page ahead: bounded, so memory stays O(page bytes).
+        let (tx, mut pages) = tokio::sync::mpsc::channel(1);
+        let reader = tokio::spawn(async move {
+            loop {
+                let page = scanner.next_page().await;
+                let done = !matches!(page, Ok(Some(_)));
+                if tx.send(page).await.is_err() || done {
+                    return;
+                }
             }
-            let mut chunk: Vec<Op> = Vec::new();
-            let mut chunk_bytes = 0;
+        });
+        let result = async {
+            let max_ops = (cfg.max_txn_ops as usize).saturating_sub(1).max(1);
+            let max_bytes = cfg.txn_flush_bytes.bytes() as usize;
+            let mut cycle: Vec<Vec<Op>> = Vec::new();
+            let mut cursor = cursor;
             let mut leased = 0u64;
-            let n = page.kvs.len();
-            for (i, kv) in page.kvs.iter().enumerate() {
-                if let Some(key) = self.engine.rewriter.to_target(kv.key()) {
-                    if kv.lease() != 0 {
-                        leased += 1;
-                    }
+            while let Some(page) = pages.recv().await {
+                let Some(page) = page? else { break };
+                if forwarder.is_finished() {
+                    // The forwarder stops early only on overflow or a compacted watch.
+                    return Ok(());
+                }
+                let mut chunk: Vec<Op> = Vec::new();
+                let mut chunk_bytes = 0;
+                for kv in &page.kvs {
+                    let Some(key) = self.engine.rewriter.to_target(kv.key()) else { continue };
+                    leased += u64::from(kv.lease() != 0);
                     let op = Op::Put { key, value: kv.value().to_vec() };
                     chunk_bytes += op.size();
                     chunk.push(op);
+                    if chunk.len() >= max_ops || chunk_bytes >= max_bytes {
+                        cycle.push(std::mem::take(&mut chunk));
+                        chunk_bytes = 0;
+                    }
                 }
-                let last = i + 1 == n;
-                if chunk.len() >= max_ops || chunk_bytes >= max_bytes || last {
-                    let mut next = self.writer().record().clone();
-                    next.watermark = r0;
-                    next.scanning = true;
-                    next.prune_pending = prune;
-                    next.scan_cursor = kv.key().to_vec();
-                    let ops = std::mem::take(&mut chunk);
-                    let count = ops.len() as u64;
-                    self.commit_with_retry(&ops, next).await?;
-                    chunk_bytes = 0;
-                    self.engine.update(|s| {
-                        s.initial_sync.keys += count;
-                        s.keys_applied_total += count;
-                        s.lease_backed_keys += std::mem::take(&mut leased);
-                    });
+                if !chunk.is_empty() {
+                    cycle.push(chunk);
+                }
+                cursor = page.last_key().map(<[u8]>::to_vec).unwrap_or(cursor);
+                if cycle.len() >= SCAN_CYCLE_TXNS {
+                    self.flush_scan_cycle(
+                        std::mem::take(&mut cycle),
+                        r0,
+                        prune,
+                        &cursor,
+                        std::mem::take(&mut leased),
+                    )
+                    .await?;
                 }
             }
+            if !cycle.is_empty() {
+                self.flush_scan_cycle(cycle, r0, prune, &cursor, leased).await?;
+            }
+            Ok(())
         }
+        .await;
+        reader.abort();
+        result
+    }
+
+    /// Writes one scan cycle: concurrent data-only Txns, then the last chunk with the cursor.
+    async fn flush_scan_cycle(
+        &mut self,
+        mut cycle: Vec<Vec<Op>>,
+        r0: i64,
+        prune: bool,
+        cursor: &[u8],
+        leased: u64,
+    ) -> Result<(), EngineError> {
+        let Some(last) = cycle.pop() else { return Ok(()) };
+        let keys = cycle.iter().map(Vec::len).sum::<usize>() + last.len();
+        let timeout = self.timeout();
+        let in_flight = cycle.into_iter().map(|chunk| {
+            let txn = self.writer().data_txn(chunk.iter().map(Op::to_txn_op).collect());
+            let mut kv = self.target_kv.clone();
+            async move {
+                let landed =
+                    unary("scan txn", Side::Target, timeout, kv.txn(txn)).await.is_ok_and(|r| r.succeeded());
+                (chunk, landed)
+            }
+        });
+        let results: Vec<(Vec<Op>, bool)> =
+            futures::stream::iter(in_flight).buffer_unordered(SCAN_TXNS_IN_FLIGHT).collect().await;
+        for (chunk, landed) in results {
+            if !landed {
+                // Redo through the judged path: a moved fence surfaces as a FenceError there.
+                let same = self.writer().record().clone();
+                self.commit_with_retry(&chunk, same).await?;
+            }
+        }
+        let mut next = self.writer().record().clone();
+        next.watermark = r0;
+        next.scanning = true;
+        next.prune_pending = prune;
+        next.scan_cursor = cursor.to_vec();
+        self.commit_with_retry(&last, next).await?;
+        self.engine.update(|s| {
+            s.initial_sync.keys += keys as u64;
+            s.keys_applied_total += keys as u64;
+            s.lease_backed_keys += leased;
+        });
         Ok(())
     }
 
@@ -836,6 +933,11 @@ impl Run<'_> {
             Ok(()) => {}
             Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
                 if batch.revisions.len() > 1 {
+                    warn!(
+                        revisions = batch.revisions.len(),
+                        ops = ops.len(),
+                        "target refused a merged Txn as too big; retrying one revision at a time"
+                    );
                     for one in batch.split() {
                         Box::pin(self.apply(one, scan_end)).await?;
                     }

@@ -87,6 +87,28 @@ impl AgentConfig {
     }
 }
 
+/// Runs a one-shot `mirror-agent SUBCOMMAND --config FILE ARGS...` (verify, cutover) with a
+/// generated config and returns its output.
+pub async fn agent_command(
+    config: &AgentConfig,
+    subcommand: &str,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
+    let dir = tempfile::Builder::new().prefix("mirror-agent-cmd-").tempdir()?;
+    let path = dir.path().join("mirror.toml");
+    std::fs::write(&path, config.render())?;
+    let out = Command::new(agent_binary())
+        .arg(subcommand)
+        .arg("--config")
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running mirror-agent {subcommand}"))?;
+    Ok(out)
+}
+
 /// A running `mirror-agent run`.
 pub struct AgentProcess {
     child: Option<Child>,

@@ -25,7 +25,7 @@ mod ports;
 mod process;
 mod proxy;
 
-pub use agent::{agent_binary, AgentConfig, AgentProcess};
+pub use agent::{agent_binary, agent_command, AgentConfig, AgentProcess};
 pub use check::{check_g3, read_window, G3};
 pub use container::LABEL as CONTAINER_LABEL;
 pub use etcd::{

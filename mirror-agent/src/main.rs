@@ -2,6 +2,7 @@
 
 mod engine;
 mod http;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,18 @@ enum Command {
         #[arg(long, value_enum, default_value = "human")]
         log_format: LogFormat,
     },
+    /// Compare source and target (read-only); exit 0 only when equal.
+    Verify {
+        /// The TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Source revision to compare at (default: the target checkpoint's watermark).
+        #[arg(long)]
+        revision: Option<i64>,
+        /// How many differing keys to list (redacted).
+        #[arg(long, default_value_t = 10)]
+        max_diffs: usize,
+    },
     /// Pretty-print a running agent's /statusz.
     Status {
         /// Base URL of the agent's HTTP server.
@@ -61,6 +74,10 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
         Command::Status { url } => status(&url),
+        Command::Verify { config, revision, max_diffs } => match Config::load(&config) {
+            Ok(c) => runtime().block_on(verify::verify(c, revision, max_diffs)),
+            Err(e) => config_error(&config, &e),
+        },
     }
 }
 

@@ -1,0 +1,112 @@
+//! `mirror-agent verify`: an independent, read-only comparison of source and target.
+//!
+//! The source is read pinned at a revision (default: the target checkpoint's watermark, where
+//! G3 promises equality), the target pinned at one snapshot, and the two are merge-joined by
+//! `mirror-reconcile`. Counts and SHA-256 fingerprints of the ordered (target key, value) pairs
+//! of both sides are printed, then up to `--max-diffs` differing keys, redacted. It never writes.
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+
+use mirror_core::{connect, Config, Side};
+use mirror_fence::{read_checkpoint, Observed};
+use mirror_reconcile::{Differ, Difference};
+
+/// Exit code when the sides differ.
+const EXIT_DIFFERENT: u8 = 1;
+/// Exit code when verification could not run (unreachable, compacted revision, no watermark).
+const EXIT_ERROR: u8 = 3;
+
+/// Runs the comparison and prints the report.
+pub async fn verify(config: Config, revision: Option<i64>, max_diffs: usize) -> ExitCode {
+    match run(config, revision, max_diffs).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_DIFFERENT),
+        Err(e) => {
+            eprintln!("mirror-agent verify: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow::Result<bool> {
+    let rewriter = config.rewriter();
+    let timeout = config.sync.request_timeout.get();
+    let source = connect(Side::Source, &config.source, &config.sync).await?;
+    let target = connect(Side::Target, &config.target, &config.sync).await?;
+    let mut target_kv = target.kv_client();
+    // One target snapshot: the checkpoint read's revision pins every target page.
+    let cp = target_kv.get(config.checkpoint_key(), None).await?;
+    let target_revision = cp.header().map_or(0, |h| h.revision());
+    let revision = match revision {
+        Some(r) => r,
+        None => match read_checkpoint(&mut target_kv, &config.checkpoint_key(), timeout).await? {
+            Observed::Present { record, .. } if !record.scanning => record.watermark,
+            Observed::Present { .. } => anyhow::bail!("the initial sync is still running; pass --revision"),
+            Observed::Absent => anyhow::bail!("no checkpoint in the target; pass --revision"),
+        },
+    };
+    let (total, _) = mirror_scan::count(
+        &mut source.kv_client(),
+        &rewriter.scan_windows(),
+        Some(revision),
+        Side::Source,
+        timeout,
+    )
+    .await?;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} source keys {per_sec} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut differ = Differ::new(
+        rewriter.clone(),
+        source.kv_client(),
+        target_kv,
+        revision,
+        target_revision,
+        config.sync.page_key_limit,
+        timeout,
+    );
+    let mut shown = Vec::new();
+    while let Some(diff) = differ.next_difference().await? {
+        if shown.len() < max_diffs {
+            let kind = match &diff {
+                Difference::Missing(_) => "missing in target",
+                Difference::Divergent(_) => "different value",
+                Difference::Orphan { .. } => "only in target",
+            };
+            shown.push(format!("  {kind}: {}", rewriter.redact(diff.key())));
+        }
+        bar.set_position(differ.counts.source_keys);
+    }
+    bar.finish_and_clear();
+    let c = &differ.counts;
+    println!("source revision:  {revision}");
+    println!("target revision:  {target_revision}");
+    println!("source keys:      {}", c.source_keys);
+    println!("target keys:      {}", c.target_keys);
+    println!("source sha256:    {}", c.source_digest());
+    println!("target sha256:    {}", c.target_digest());
+    println!("missing:          {}", c.missing);
+    println!("divergent:        {}", c.divergent);
+    println!("orphan:           {}", c.orphan);
+    if c.foreign_keys > 0 {
+        println!("foreign (under excluded prefixes, ignored): {}", c.foreign_keys);
+    }
+    if c.equal() {
+        println!("EQUAL");
+        Ok(true)
+    } else {
+        println!("DIFFERENT; first {} differing keys:", shown.len());
+        for line in shown {
+            println!("{line}");
+        }
+        Ok(false)
+    }
+}

@@ -74,3 +74,218 @@ async fn verify_detects_a_hand_edited_key() {
     // Verify read only: the hand edit is still there.
     assert_eq!(dst.get("/v/key-00000042", None).await.unwrap().kvs()[0].value(), b"edited by hand");
 }
+
+async fn compact_now(src: &mut Client) {
+    let rev =
+        src.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
+    src.compact(rev, None).await.unwrap();
+}
+
+async fn count(client: &mut Client, prefix: &str) -> i64 {
+    client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
+}
+
+/// Keys deleted and added while the agent is down, then the source compacted past the
+/// watermark: the restarted agent resyncs, prunes the deleted keys, and G3 holds.
+#[tokio::test]
+async fn compaction_while_down_forces_resync_with_prune() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/p/", 1_000, 16).await.unwrap();
+    let cfg = config(&source, &target, "prune", "/p/");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent.terminate().await.unwrap();
+
+    src.delete("/p/key-00000100", Some(etcd_client::DeleteOptions::new().with_range("/p/key-00000200")))
+        .await
+        .unwrap();
+    load_keys(&mut src, "/p/new/", 50, 16).await.unwrap();
+    compact_now(&mut src).await;
+
+    agent.restart().await.unwrap();
+    synced(&agent).await;
+    let status = caught_up(&agent, &mut src).await;
+    assert_eq!(status.forced_resyncs.count, 1, "{status:#?}");
+    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("WatchCompacted"));
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(count(&mut dst, "/p/key-000001").await, 0, "deleted keys must be pruned");
+    assert_eq!(g3(&source, &target, &cfg).await, G3::Holds { watermark: status.watermark, keys: 950 });
+}
+
+/// kill -9 during the prune sweep: prune_pending is durable, so the restarted agent completes
+/// the sweep.
+#[tokio::test]
+async fn kill9_during_sweep_completes_on_restart() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/w/", 12_000, 16).await.unwrap();
+    let cfg = config(&source, &target, "sweep", "/w/").with("max_txn_ops = 4\npage_key_limit = 100");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent.terminate().await.unwrap();
+
+    // One revision of 10 000 deletes (too large for one target Txn, so only a resync can
+    // carry it), then another write so that compacting to now removes that revision.
+    src.delete("/w/key-00000000", Some(etcd_client::DeleteOptions::new().with_range("/w/key-00010000")))
+        .await
+        .unwrap();
+    src.put("/elsewhere", "x", None).await.unwrap();
+    compact_now(&mut src).await;
+    agent.restart().await.unwrap();
+    let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+    while !agent.log().contains("prune sweep started") {
+        assert!(tokio::time::Instant::now() < deadline, "sweep never started:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    agent.kill9().await.unwrap();
+
+    let mut dst = target.client().await.unwrap();
+    let cp = cfg.parsed().unwrap().checkpoint_key();
+    let record = mirror_fence::Checkpoint::decode(dst.get(cp, None).await.unwrap().kvs()[0].value()).unwrap();
+    assert!(record.prune_pending && record.scanning, "the owed prune must be durable: {record:?}");
+    let left = count(&mut dst, "/w/key-0000").await;
+    assert!(left > 2_000, "killed mid-sweep: {left} keys left (the test must interrupt the sweep)");
+
+    agent.restart().await.unwrap();
+    synced(&agent).await;
+    caught_up(&agent, &mut src).await;
+    assert_eq!(count(&mut dst, "/w/").await, 2_001, "2000 survivors plus the checkpoint");
+    assert!(matches!(g3(&source, &target, &cfg).await, G3::Holds { keys: 2_000, .. }));
+}
+
+/// A source that changes faster than the agent can scan (here: a watch buffer too small to
+/// hold what arrives during the scan) restarts genesis again and again; after three in a row
+/// `ResyncLoopDetected` latches, and it clears after a live apply.
+#[tokio::test]
+async fn resync_loop_latches_and_clears() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/l/", 5_000, 16).await.unwrap();
+    let cfg = config(&source, &target, "loop", "/l/")
+        .with("max_txn_ops = 8\npage_key_limit = 50\nwatch_buffer_bytes = \"2KiB\"");
+    let churn = {
+        let mut c = src.clone();
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            loop {
+                if c.put(format!("/l/churn/{}", i % 50), vec![b'c'; 200], None).await.is_err() {
+                    return;
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent
+        .wait_for("ResyncLoopDetected", SYNC_TIMEOUT, |s| s.condition("ResyncLoopDetected"))
+        .await
+        .unwrap();
+    assert!(status.scan_restarts >= 3, "{status:#?}");
+    churn.abort();
+    synced(&agent).await;
+    src.put("/l/live", "1", None).await.unwrap();
+    agent
+        .wait_for("ResyncLoopDetected cleared", SYNC_TIMEOUT, |s| !s.condition("ResyncLoopDetected"))
+        .await
+        .unwrap();
+}
+
+/// Drift injected into the target (a changed value, a deleted key, an extra key) is found and
+/// repaired by the periodic pass; the extra key is only reported with delete_orphans = false and
+/// deleted with true.
+#[tokio::test]
+async fn periodic_pass_repairs_drift_and_honours_orphan_policy() {
+    for delete_orphans in [false, true] {
+        let (source, target) = pair().await;
+        let mut src = source.client().await.unwrap();
+        load_keys(&mut src, "/d/", 500, 16).await.unwrap();
+        let cfg = config(&source, &target, "drift", "/d/")
+            .with(&format!("[reconcile]\ninterval = \"1s\"\ndelete_orphans = {delete_orphans}"));
+        let agent = AgentProcess::start(&cfg).await.unwrap();
+        synced(&agent).await;
+        agent.wait_for("a clean pass", SYNC_TIMEOUT, |s| s.condition("InvariantsHeld")).await.unwrap();
+
+        let mut dst = target.client().await.unwrap();
+        // All three damages in one Txn, so no pass sees only part of them.
+        let damage = etcd_client::Txn::new().and_then(vec![
+            etcd_client::TxnOp::put("/d/key-00000001", "changed", None),
+            etcd_client::TxnOp::delete("/d/key-00000002", None),
+            etcd_client::TxnOp::put("/d/extra", "orphan", None),
+        ]);
+        dst.txn(damage).await.unwrap();
+        let status = agent
+            .wait_for("drift found", SYNC_TIMEOUT, |s| {
+                s.last_reconcile.as_ref().is_some_and(|r| r.orphan == 1)
+            })
+            .await
+            .unwrap();
+        let r = status.last_reconcile.clone().unwrap();
+        assert_eq!((r.missing, r.divergent, r.orphan), (1, 1, 1), "{status:#?}");
+        assert_eq!(r.repaired, if delete_orphans { 3 } else { 2 });
+        assert!(status.condition("DriftDetected"));
+        assert_eq!(dst.get("/d/key-00000001", None).await.unwrap().kvs()[0].value(), b"vvvvvvvvvvvvvvvv");
+        assert_eq!(count(&mut dst, "/d/key-00000002").await, 1);
+        assert_eq!(count(&mut dst, "/d/extra").await, if delete_orphans { 0 } else { 1 });
+        if delete_orphans {
+            // The next pass finds nothing.
+            agent.wait_for("clean again", SYNC_TIMEOUT, |s| !s.condition("DriftDetected")).await.unwrap();
+            assert!(matches!(g3(&source, &target, &cfg).await, G3::Holds { keys: 500, .. }));
+        }
+    }
+}
+
+/// A fence bump during a paced repair pass aborts it: the agent goes to standby and writes
+/// nothing after the bump.
+#[tokio::test]
+async fn fence_bump_during_pass_aborts_cleanly() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/fb/", 1_000, 16).await.unwrap();
+    let cfg = config(&source, &target, "bump", "/fb/")
+        .with("max_ops_per_second = 50\nmax_txn_ops = 11\n[reconcile]\ninterval = \"1s\"");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    let mut dst = target.client().await.unwrap();
+    // 600 divergent keys take ~12 s to repair at 50 ops/s.
+    for start in (0..600).step_by(100) {
+        let ops: Vec<etcd_client::TxnOp> = (start..start + 100)
+            .map(|i| etcd_client::TxnOp::put(format!("/fb/key-{i:08}"), "damaged", None))
+            .collect();
+        dst.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    }
+    // Wait until the pass is repairing, then bump the fence as a newer agent would.
+    let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+    loop {
+        let fixed = dst.get("/fb/key-00000000", None).await.unwrap().kvs()[0].value() != b"damaged";
+        if fixed {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pass never started repairing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cp = cfg.parsed().unwrap().checkpoint_key();
+    let mut record =
+        mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
+    record.epoch = 9;
+    record.agent_id = "newer-agent".into();
+    let bump = dst.put(cp, record.encode(), None).await.unwrap().header().unwrap().revision();
+
+    let status = agent.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+    assert!(status.condition("Fenced"), "{status:#?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now =
+        dst.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
+    assert_eq!(now, bump, "nothing may be written after the fence bump");
+    let left = dst
+        .get("/fb/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .filter(|kv| kv.value() == b"damaged")
+        .count();
+    assert!(left > 0, "the pass was interrupted, so some damage remains");
+}

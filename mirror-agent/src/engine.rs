@@ -204,18 +204,17 @@ impl Engine {
                     return;
                 }
                 EngineError::RestartGenesis(reason) => {
-                    warn!(reason, "restarting genesis from a fresh R0");
-                    self.update(|s| s.scan_restarts += 1);
+                    self.note_resync(reason, false);
                     pending = Pending::FreshGenesis;
                     continue;
                 }
                 EngineError::Resync(reason) => {
-                    self.note_forced_resync(reason);
+                    self.note_resync(reason, true);
                     pending = Pending::FreshGenesis;
                     continue;
                 }
                 EngineError::Etcd(_) if class == ErrorClass::Resync => {
-                    self.note_forced_resync("SourceCompacted");
+                    self.note_resync("SourceCompacted", true);
                     pending = Pending::FreshGenesis;
                     continue;
                 }
@@ -252,23 +251,40 @@ impl Engine {
         }
     }
 
-    fn note_forced_resync(&mut self, reason: &str) {
+    /// Records a forced resync (history lost: fresh genesis with prune) or a genesis restart
+    /// (buffer overflow or compaction while scanning). Both count towards the loop detector:
+    /// three in a row with no live apply between latch `ResyncLoopDetected`, which a live apply
+    /// clears.
+    fn note_resync(&mut self, reason: &str, forced: bool) {
         self.resyncs_in_a_row += 1;
         let looping = self.resyncs_in_a_row >= 3;
-        warn!(reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+        if forced {
+            warn!(reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+        } else {
+            warn!(reason, in_a_row = self.resyncs_in_a_row, "restarting genesis from a fresh R0");
+        }
+        let mut latched_now = false;
         self.update(|s| {
-            s.forced_resyncs.count += 1;
-            *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;
-            s.forced_resyncs.last_reason = Some(reason.to_owned());
-            if looping {
+            if forced {
+                s.forced_resyncs.count += 1;
+                *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;
+                s.forced_resyncs.last_reason = Some(reason.to_owned());
+            } else {
+                s.scan_restarts += 1;
+            }
+            if looping && !s.condition("ResyncLoopDetected") {
+                latched_now = true;
                 s.set_condition(
                     "ResyncLoopDetected",
                     true,
                     reason,
-                    "3 forced resyncs with no live apply between",
+                    "3 resyncs or genesis restarts in a row with no live apply between",
                 );
             }
         });
+        if latched_now {
+            error!(reason, "resync loop: the source changes or compacts faster than the agent can scan");
+        }
     }
 
     /// Cold standby: no writes; watch the fence and report it until shutdown.
@@ -482,7 +498,11 @@ impl Run<'_> {
         )
         .await?;
         info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
-        self.engine.update(|s| s.set_condition("Fenced", false, "HoldingFence", ""));
+        let watermark = writer.record().watermark;
+        self.engine.update(|s| {
+            s.watermark = watermark;
+            s.set_condition("Fenced", false, "HoldingFence", "");
+        });
         self.writer = Some(writer);
         Ok(())
     }
@@ -702,6 +722,7 @@ impl Run<'_> {
         let limit = self.cfg().sync.page_key_limit;
         let timeout = self.timeout();
         let mut deleted = 0u64;
+        info!("prune sweep started");
         for window in rewriter.target_windows() {
             let mut from = window.start.clone();
             loop {
@@ -770,6 +791,109 @@ impl Run<'_> {
         Ok(orphans)
     }
 
+    /// One diff-and-repair pass (SPEC §5): the source pinned at the watermark against the target,
+    /// merged page by page. Missing and divergent keys are repaired, orphans deleted when
+    /// `delete_orphans`; every repair is a fenced Txn that also re-writes the checkpoint (same
+    /// watermark), paced by `max_ops_per_second`. Counts, pass time and drift are published in
+    /// one status update. A fence bump surfaces as a `FenceError` from the first repair after it
+    /// and aborts the pass with nothing more written.
+    async fn reconcile_pass(&mut self, delete_orphans: bool) -> Result<(), EngineError> {
+        let watermark = self.writer().record().watermark;
+        let sync = self.cfg().sync.clone();
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            watermark,
+            0,
+            sync.page_key_limit,
+            sync.request_timeout.get(),
+        );
+        let max_ops = (sync.max_txn_ops as usize).saturating_sub(1).max(1);
+        let rate = sync.max_ops_per_second.max(0) as f64;
+        let mut batch: Vec<Op> = Vec::new();
+        let mut repaired = 0u64;
+        loop {
+            let diff = match differ.next_difference().await {
+                Ok(d) => d,
+                Err(e) if e.class() == ErrorClass::Resync => {
+                    // The watermark was compacted in the source: nothing to compare against
+                    // until the watermark moves; the data is not in doubt.
+                    warn!("reconcile pass skipped: the source compacted past the watermark");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let done = diff.is_none();
+            match diff {
+                Some(
+                    mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e),
+                ) => batch.push(Op::Put { key: e.key, value: e.value }),
+                Some(mirror_reconcile::Difference::Orphan { key }) if delete_orphans => {
+                    batch.push(Op::Delete { key })
+                }
+                _ => {}
+            }
+            if batch.len() >= max_ops || (done && !batch.is_empty()) {
+                let n = batch.len() as u64;
+                let same = self.writer().record().clone();
+                self.commit_with_retry(&std::mem::take(&mut batch), same).await?;
+                repaired += n;
+                if rate > 0.0 {
+                    if repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
+                        info!("long paced repair: source watch cancelled; will re-watch from the watermark");
+                    }
+                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate)).await;
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        let c = &differ.counts;
+        let drift = !c.equal();
+        let held = !drift && c.source_keys == c.target_keys;
+        if drift {
+            warn!(
+                missing = c.missing,
+                divergent = c.divergent,
+                orphan = c.orphan,
+                repaired,
+                "reconcile pass found drift"
+            );
+        }
+        self.engine.update(|s| {
+            s.source_keys = Some(c.source_keys);
+            s.target_keys = Some(c.target_keys);
+            s.last_reconcile = Some(mirror_core::LastReconcile {
+                time: Some(now_rfc3339()),
+                missing: c.missing,
+                divergent: c.divergent,
+                orphan: c.orphan,
+                repaired,
+            });
+            s.set_condition(
+                "DriftDetected",
+                drift,
+                if drift { "Drift" } else { "NoDrift" },
+                format!(
+                    "missing {}, divergent {}, orphan {}, repaired {repaired}",
+                    c.missing, c.divergent, c.orphan
+                ),
+            );
+            s.set_condition(
+                "InvariantsHeld",
+                held,
+                if held { "CountsEqual" } else { "CountsDiffer" },
+                format!(
+                    "source {} keys, target {} keys at watermark {watermark}",
+                    c.source_keys, c.target_keys
+                ),
+            );
+        });
+        Ok(())
+    }
+
     /// The tail. With `genesis = Some((scan_end, replay))`, first applies the replay and keeps
     /// `scanning: true` until the watermark reaches `scan_end`.
     async fn tail(&mut self, watch: Watch, genesis: Option<(i64, Vec<Revision>)>) -> Result<(), EngineError> {
@@ -792,6 +916,8 @@ impl Run<'_> {
             self.engine.set_phase(Phase::Syncing);
         }
         let steady = self.cfg().sync.progress_interval.get();
+        let interval = self.cfg().reconcile.interval.get();
+        let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -803,8 +929,16 @@ impl Run<'_> {
                 self.watch = Some(self.open_watch(from).await?);
             }
             let watch = self.watch.as_mut().expect("opened above");
+            let reconcile_at = next_reconcile.filter(|_| scan_end.is_none());
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
+                _ = sleep_until_some(reconcile_at) => {
+                    // Inline on the tail's own task: it cannot overlap genesis, a sweep, a
+                    // drain or itself, and no tail write races its reads.
+                    self.reconcile_pass(self.cfg().reconcile.delete_orphans).await?;
+                    next_reconcile = Some(Instant::now() + interval);
+                    continue;
+                }
                 _ = progress.tick() => {
                     let _ = watch.sender.request_progress().await;
                     continue;
@@ -983,6 +1117,8 @@ impl Run<'_> {
             let result = self.writer().commit(txn_ops, Some(next.clone())).await;
             let err = match result {
                 Ok(_) => {
+                    // Status follows the fence: what the target holds is what status shows.
+                    self.engine.update(|s| s.watermark = next.watermark);
                     if rounds > 0 {
                         info!("target accepts writes again");
                         self.engine.update(|s| {
@@ -1038,6 +1174,14 @@ impl Run<'_> {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is no deadline.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

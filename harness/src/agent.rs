@@ -35,6 +35,8 @@ pub struct AgentConfig {
     pub source_prefix: String,
     /// `target.prefix`.
     pub target_prefix: String,
+    /// Extra top-level keys, before any section (e.g. `mode = "drain"`).
+    pub top: String,
     /// Extra sections, appended verbatim (e.g. `[sync]\nmax_txn_ops = 16`).
     pub extra: String,
 }
@@ -49,6 +51,7 @@ impl AgentConfig {
             target,
             source_prefix: prefix.into(),
             target_prefix: prefix.into(),
+            top: String::new(),
             extra: String::new(),
         }
     }
@@ -57,6 +60,13 @@ impl AgentConfig {
     pub fn with(mut self, toml: &str) -> AgentConfig {
         self.extra.push('\n');
         self.extra.push_str(toml);
+        self
+    }
+
+    /// Adds a top-level key (before every section).
+    pub fn top(mut self, toml: &str) -> AgentConfig {
+        self.top.push_str(toml);
+        self.top.push('\n');
         self
     }
 
@@ -70,9 +80,10 @@ impl AgentConfig {
     pub fn render(&self) -> String {
         let list = |e: &[String]| e.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
         format!(
-            "link_uid = {:?}\nepoch = {}\n\n[source]\nendpoints = [{}]\nprefix = {:?}\n\n[target]\nendpoints = [{}]\nprefix = {:?}\n{}\n",
+            "link_uid = {:?}\nepoch = {}\n{}\n[source]\nendpoints = [{}]\nprefix = {:?}\n\n[target]\nendpoints = [{}]\nprefix = {:?}\n{}\n",
             self.link_uid,
             self.epoch,
+            self.top,
             list(&self.source),
             self.source_prefix,
             list(&self.target),

@@ -32,7 +32,7 @@ use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchRespons
 use futures::StreamExt as _;
 use mirror_core::{
     connect, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary, Config,
-    ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, MemberInfo, Phase, Side,
+    ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, MemberInfo, Mode, Phase, Side,
     SideStatus, Status, TrustProgressNotify,
 };
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
@@ -47,6 +47,9 @@ use tracing::{error, info, warn};
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
 /// Txns per scan cycle; the last one of each carries the checkpoint.
 const SCAN_CYCLE_TXNS: usize = 16;
+
+/// How often an idle tail re-reads the fence.
+const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Shared, readable by the HTTP server.
 pub type StatusHandle = Arc<RwLock<Status>>;
@@ -361,6 +364,7 @@ impl Engine {
             trust,
             writer: None,
             watch: None,
+            drain_target: None,
         };
         run.start(pending).await
     }
@@ -378,6 +382,8 @@ struct Run<'e> {
     /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
     /// source's events wait in the source, not in this process.
     watch: Option<Watch>,
+    /// Drain mode: the source revision the watermark must reach before verification.
+    drain_target: Option<i64>,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is
@@ -791,6 +797,83 @@ impl Run<'_> {
         Ok(orphans)
     }
 
+    /// Counts and compares both sides with the source pinned at the watermark; no writes.
+    async fn compare_at_watermark(&mut self) -> Result<mirror_reconcile::Counts, EngineError> {
+        let sync = self.cfg().sync.clone();
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            self.writer().record().watermark,
+            0,
+            sync.page_key_limit,
+            sync.request_timeout.get(),
+        );
+        while differ.next_difference().await?.is_some() {}
+        Ok(differ.counts)
+    }
+
+    /// Drain, step 2 (SPEC §5): the watermark reached the drain target. Count both sides, repair
+    /// once if they differ, refuse if they still differ, else promote the target: the fence's
+    /// role becomes `primary`, so every later writer with the old view fails its compare.
+    async fn verify_and_promote(&mut self, drain_target: i64) -> Result<(), EngineError> {
+        let mut counts = self.compare_at_watermark().await?;
+        if !counts.equal() {
+            warn!(
+                missing = counts.missing,
+                divergent = counts.divergent,
+                orphan = counts.orphan,
+                "drain: sides differ; one repair pass"
+            );
+            self.reconcile_pass(true).await?;
+            counts = self.compare_at_watermark().await?;
+        }
+        if !counts.equal() {
+            let message = format!(
+                "after one repair pass the sides still differ at watermark {}: missing {}, divergent {}, orphan {}",
+                self.writer().record().watermark,
+                counts.missing,
+                counts.divergent,
+                counts.orphan
+            );
+            self.engine
+                .update(|s| s.set_condition("DrainVerificationFailed", true, "SidesDiffer", message.clone()));
+            return Err(EngineError::Refused { reason: "DrainVerificationFailed", message });
+        }
+        let mut next = self.writer().record().clone();
+        next.role = Role::Primary;
+        let drained = next.watermark;
+        self.commit_with_retry(&[], next).await?;
+        info!(
+            drained_revision = drained,
+            source_keys = counts.source_keys,
+            "cut over: the target is primary; no further writes"
+        );
+        self.watch = None;
+        self.engine.update(|s| {
+            s.role = "primary".into();
+            s.source_keys = Some(counts.source_keys);
+            s.target_keys = Some(counts.target_keys);
+            s.cutover = Some(mirror_core::CutoverStatus {
+                drain_target_revision: drain_target,
+                drained_revision: drained,
+                verified_time: Some(now_rfc3339()),
+                source_keys: counts.source_keys,
+                target_keys: counts.target_keys,
+                leased_keys: counts.leased_keys,
+            });
+            s.set_condition(
+                "CutoverReady",
+                true,
+                "Verified",
+                format!("verified at source revision {drained}"),
+            );
+            s.set_condition("InvariantsHeld", true, "CountsEqual", "");
+        });
+        self.engine.set_phase(Phase::Drained);
+        Ok(())
+    }
+
     /// One diff-and-repair pass (SPEC §5): the source pinned at the watermark against the target,
     /// merged page by page. Missing and divergent keys are repaired, orphans deleted when
     /// `delete_orphans`; every repair is a fenced Txn that also re-writes the checkpoint (same
@@ -918,6 +1001,7 @@ impl Run<'_> {
         let steady = self.cfg().sync.progress_interval.get();
         let interval = self.cfg().reconcile.interval.get();
         let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+        let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -932,6 +1016,11 @@ impl Run<'_> {
             let reconcile_at = next_reconcile.filter(|_| scan_end.is_none());
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
+                _ = fence_check.tick() => {
+                    // An idle tail learns of a takeover or a cutover now, not at its next write.
+                    self.writer().verify_held().await?;
+                    continue;
+                }
                 _ = sleep_until_some(reconcile_at) => {
                     // Inline on the tail's own task: it cannot overlap genesis, a sweep, a
                     // drain or itself, and no tail write races its reads.
@@ -957,6 +1046,31 @@ impl Run<'_> {
                 Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
             };
             self.on_response(resp, &mut scan_end).await?;
+            if scan_end.is_none() && self.cfg().mode == Mode::Drain {
+                let watermark = self.writer().record().watermark;
+                match self.drain_target {
+                    None => {
+                        let target = self.source_revision().await?;
+                        info!(
+                            drain_target_revision = target,
+                            "draining: waiting for the watermark to reach the drain target"
+                        );
+                        self.drain_target = Some(target);
+                        self.engine.update(|s| {
+                            s.cutover = Some(mirror_core::CutoverStatus {
+                                drain_target_revision: target,
+                                ..Default::default()
+                            })
+                        });
+                        progress = tokio::time::interval(Duration::from_millis(500));
+                        continue;
+                    }
+                    Some(target) if watermark >= target => {
+                        return self.verify_and_promote(target).await;
+                    }
+                    Some(_) => continue,
+                }
+            }
             if scan_end.is_none() && progress.period() != steady {
                 progress = tokio::time::interval(steady);
                 progress.tick().await;
@@ -991,8 +1105,9 @@ impl Run<'_> {
             // still to come. An untrusted one (etcd < 3.4.25 / 3.5.8 may send it ahead of events
             // committed at that very moment) still proves that everything up to scan_end, which
             // was committed before the request was sent, has been delivered.
+            let must_reach = scan_end.or(self.drain_target);
             let reached =
-                if self.trust { Some(header_rev) } else { scan_end.filter(|end| header_rev >= *end) };
+                if self.trust { Some(header_rev) } else { must_reach.filter(|end| header_rev >= *end) };
             match reached {
                 Some(rev) if rev > watermark => {
                     let batch = Batch { revisions: vec![Revision { revision: rev, ops: Vec::new() }] };

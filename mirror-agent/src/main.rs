@@ -1,5 +1,6 @@
 //! `mirror-agent`: the etcd-mirror daemon and its command line (SPEC §4).
 
+mod cutover;
 mod engine;
 mod http;
 mod verify;
@@ -43,6 +44,18 @@ enum Command {
         #[arg(long, value_enum, default_value = "human")]
         log_format: LogFormat,
     },
+    /// Drain, verify and promote the target; exit 0 only when verified.
+    Cutover {
+        /// The TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Run until the cutover is verified or refused (required: cutover always waits).
+        #[arg(long, required = true)]
+        wait: bool,
+        /// Exit 0 even if the source kept changing after the drain target revision.
+        #[arg(long)]
+        allow_moving_source: bool,
+    },
     /// Compare source and target (read-only); exit 0 only when equal.
     Verify {
         /// The TOML config file.
@@ -74,6 +87,14 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
         Command::Status { url } => status(&url),
+        Command::Cutover { config, wait: _, allow_moving_source } => match Config::load(&config) {
+            Ok(c) => {
+                let _ =
+                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+                runtime().block_on(cutover::cutover(c, allow_moving_source))
+            }
+            Err(e) => config_error(&config, &e),
+        },
         Command::Verify { config, revision, max_diffs } => match Config::load(&config) {
             Ok(c) => runtime().block_on(verify::verify(c, revision, max_diffs)),
             Err(e) => config_error(&config, &e),

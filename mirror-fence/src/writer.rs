@@ -258,6 +258,18 @@ impl FencedWriter {
         self.judge_failed_compare(next_bytes.as_deref(), next).await
     }
 
+    /// Checks that the fence is still ours without writing: re-reads the key and, if anyone else
+    /// touched it, names the outcome as a failed commit would. Lets an idle writer notice a
+    /// takeover at once instead of at its next write.
+    pub async fn verify_held(&mut self) -> Result<(), FenceError> {
+        let resp =
+            unary("check fence", Side::Target, self.timeout, self.kv.get(self.key.clone(), None)).await?;
+        match resp.kvs().first() {
+            Some(kv) if kv.mod_revision() == self.mod_revision => Ok(()),
+            _ => self.judge_failed_compare(None, None).await.map(|_| ()),
+        }
+    }
+
     /// A data-only Txn guarded by the fence compare, usable concurrently with others of its
     /// kind (they all compare the same mod revision, so they do not conflict with each other).
     pub fn data_txn(&self, ops: Vec<TxnOp>) -> Txn {

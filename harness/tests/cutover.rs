@@ -1,0 +1,124 @@
+//! Drain and cutover against real etcd, driven through the binary.
+
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use harness::{agent_command, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
+use mirror_core::Phase;
+use mirror_fence::{Checkpoint, Role};
+
+const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn pair() -> (EtcdCluster, EtcdCluster) {
+    (
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
+    )
+}
+
+fn config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefix: &str) -> AgentConfig {
+    AgentConfig::new(link, source.endpoints(), target.endpoints(), prefix)
+        .with("[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
+}
+
+async fn revision(c: &mut Client) -> i64 {
+    c.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision()
+}
+
+async fn checkpoint(dst: &mut Client, cfg: &AgentConfig) -> Checkpoint {
+    let cp = cfg.parsed().unwrap().checkpoint_key();
+    Checkpoint::decode(dst.get(cp, None).await.unwrap().kvs()[0].value()).unwrap()
+}
+
+/// With writers stopped, `cutover --wait` exits 0 and promotes the target; the running daemon
+/// stands by at once, and the same daemon restarted in sync mode writes nothing afterwards.
+#[tokio::test]
+async fn cutover_promotes_and_fences_out_the_old_view() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/cut/", 1_500, 16).await.unwrap();
+    // Source writes outside the range move the revision past the last in-range event.
+    src.put("/unrelated", "x", None).await.unwrap();
+    let cfg = config(&source, &target, "cut", "/cut/");
+    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
+    daemon
+        .wait_for("synced", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing && s.condition("InitialSyncComplete"))
+        .await
+        .unwrap();
+
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let block: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(block["cutover"]["source_keys"], 1_500);
+    assert_eq!(block["cutover"]["target_keys"], 1_500);
+    assert!(
+        block["cutover"]["drained_revision"].as_i64().unwrap()
+            >= block["cutover"]["drain_target_revision"].as_i64().unwrap()
+    );
+
+    let mut dst = target.client().await.unwrap();
+    let record = checkpoint(&mut dst, &cfg).await;
+    assert_eq!(record.role, Role::Primary);
+    assert_eq!(record.epoch, 2, "cutover claims the stored epoch + 1");
+
+    let status = daemon.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+    assert!(status.condition("Fenced"), "{status:#?}");
+
+    // The same daemon restarted in sync mode with the old view writes nothing.
+    daemon.terminate().await.unwrap();
+    daemon.restart().await.unwrap();
+    daemon.wait_for("standby after restart", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+    let before = revision(&mut dst).await;
+    src.put("/cut/after-cutover", "1", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(revision(&mut dst).await, before, "nothing may be written after the cutover");
+}
+
+/// A daemon in `mode = "drain"` drains, verifies and promotes by itself: phase `drained`,
+/// `CutoverReady`, the cutover block in status, HTTP still served.
+#[tokio::test]
+async fn drain_mode_daemon_reports_cutover() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/dr/", 800, 16).await.unwrap();
+    let cfg = config(&source, &target, "drain", "/dr/").top("mode = \"drain\"");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent.wait_for("drained", SYNC_TIMEOUT, |s| s.phase == Phase::Drained).await.unwrap();
+    assert!(status.condition("CutoverReady"), "{status:#?}");
+    assert_eq!(status.role, "primary");
+    let block = status.cutover.expect("cutover block");
+    assert_eq!((block.source_keys, block.target_keys), (800, 800));
+    assert!(block.verified_time.is_some());
+    assert_eq!(agent.http_code("/healthz").await.unwrap(), 200);
+    assert_eq!(agent.http_code("/readyz").await.unwrap(), 200);
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(checkpoint(&mut dst, &cfg).await.role, Role::Primary);
+}
+
+/// Writers not stopped: the cutover verifies what it drained but says how far the source moved
+/// and exits non-zero, unless --allow-moving-source.
+#[tokio::test]
+async fn cutover_with_moving_source_exits_non_zero() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/mv/", 300, 16).await.unwrap();
+    let cfg = config(&source, &target, "moving", "/mv/");
+    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
+    daemon.wait_for("synced", SYNC_TIMEOUT, |s| s.condition("InitialSyncComplete")).await.unwrap();
+    daemon.terminate().await.unwrap();
+    let writer = {
+        let mut c = src.clone();
+        tokio::spawn(async move {
+            for i in 0..400 {
+                c.put(format!("/mv/live/{i}"), "x", None).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    writer.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("kept changing"), "{stderr}");
+}

@@ -24,6 +24,7 @@ mod load;
 mod ports;
 mod process;
 mod proxy;
+pub mod scenario;
 
 pub use agent::{agent_binary, agent_command, AgentConfig, AgentProcess};
 pub use check::{check_g3, read_window, G3};

@@ -2,12 +2,11 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::Client;
+use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_core::Phase;
 use mirror_fence::{Checkpoint, Role};
-
-const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
     (
@@ -16,13 +15,8 @@ async fn pair() -> (EtcdCluster, EtcdCluster) {
     )
 }
 
-fn config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefix: &str) -> AgentConfig {
-    AgentConfig::new(link, source.endpoints(), target.endpoints(), prefix)
-        .with("[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
-}
-
 async fn revision(c: &mut Client) -> i64 {
-    c.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision()
+    scenario::current_revision(c).await.unwrap()
 }
 
 async fn checkpoint(dst: &mut Client, cfg: &AgentConfig) -> Checkpoint {
@@ -39,7 +33,7 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     load_keys(&mut src, "/cut/", 1_500, 16).await.unwrap();
     // Source writes outside the range move the revision past the last in-range event.
     src.put("/unrelated", "x", None).await.unwrap();
-    let cfg = config(&source, &target, "cut", "/cut/");
+    let cfg = scenario::fast_config(&source, &target, "cut", "/cut/");
     let mut daemon = AgentProcess::start(&cfg).await.unwrap();
     daemon
         .wait_for("synced", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing && s.condition("InitialSyncComplete"))
@@ -82,7 +76,7 @@ async fn drain_mode_daemon_reports_cutover() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/dr/", 800, 16).await.unwrap();
-    let cfg = config(&source, &target, "drain", "/dr/").top("mode = \"drain\"");
+    let cfg = scenario::fast_config(&source, &target, "drain", "/dr/").top("mode = \"drain\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent.wait_for("drained", SYNC_TIMEOUT, |s| s.phase == Phase::Drained).await.unwrap();
     assert!(status.condition("CutoverReady"), "{status:#?}");
@@ -103,7 +97,7 @@ async fn cutover_with_moving_source_exits_non_zero() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/mv/", 300, 16).await.unwrap();
-    let cfg = config(&source, &target, "moving", "/mv/");
+    let cfg = scenario::fast_config(&source, &target, "moving", "/mv/");
     let mut daemon = AgentProcess::start(&cfg).await.unwrap();
     daemon.wait_for("synced", SYNC_TIMEOUT, |s| s.condition("InitialSyncComplete")).await.unwrap();
     daemon.terminate().await.unwrap();

@@ -3,10 +3,9 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{check_g3, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 use mirror_core::Phase;
-
-const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Pair {
     source: EtcdCluster,
@@ -31,22 +30,15 @@ impl Pair {
 }
 
 async fn g3(pair: &Pair, cfg: &AgentConfig) -> anyhow::Result<G3> {
-    let parsed = cfg.parsed()?;
-    let (mut s, mut t) = pair.clients().await;
-    check_g3(&mut s, &mut t, &parsed.rewriter(), &parsed.checkpoint_key()).await
+    scenario::g3_of(&pair.source, &pair.target, cfg).await
 }
 
 async fn synced(agent: &AgentProcess) -> mirror_core::Status {
-    agent
-        .wait_for("InitialSyncComplete", SYNC_TIMEOUT, |s| {
-            s.phase == Phase::Syncing && s.condition("InitialSyncComplete")
-        })
-        .await
-        .unwrap()
+    scenario::synced(agent).await.unwrap()
 }
 
 async fn count(client: &mut Client, prefix: &str) -> i64 {
-    client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
+    scenario::count_prefix(client, prefix).await.unwrap()
 }
 
 /// Cold start: 50k keys land, the watermark equals R0, and the only extra target key is the
@@ -70,17 +62,13 @@ async fn cold_start_lands_every_key() {
     assert_eq!(g3(&pair, &cfg).await.unwrap(), G3::Holds { watermark: r0, keys: 50_000 });
 }
 
-/// Waits until the agent's watermark reaches the source's current revision.
 async fn caught_up(agent: &AgentProcess, src: &mut Client) -> mirror_core::Status {
-    let rev =
-        src.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
-    agent.wait_for(&format!("watermark >= {rev}"), SYNC_TIMEOUT, |s| s.watermark >= rev).await.unwrap()
+    scenario::caught_up(agent, src).await.unwrap()
 }
 
-/// Short progress interval and backoff so tests converge quickly. Progress notifications keep
-/// the version gate: both test versions predate the fix, so trusting them would be unsafe.
+/// See [`scenario::FAST_SYNC_TOML`].
 fn fast_progress(cfg: AgentConfig) -> AgentConfig {
-    cfg.with("[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
+    cfg.with(scenario::FAST_SYNC_TOML)
 }
 
 /// Live tail: a multi-key source Txn lands as one target Txn; puts, overwrites, deletes and

@@ -3,12 +3,11 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{
-    agent_command, check_g3, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3,
+    agent_command, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3,
 };
 use mirror_core::Phase;
-
-const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
     (
@@ -17,30 +16,20 @@ async fn pair() -> (EtcdCluster, EtcdCluster) {
     )
 }
 
-fn config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefix: &str) -> AgentConfig {
-    AgentConfig::new(link, source.endpoints(), target.endpoints(), prefix)
-        .with("[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }")
-}
-
 async fn synced(agent: &AgentProcess) -> mirror_core::Status {
-    agent
-        .wait_for("InitialSyncComplete", SYNC_TIMEOUT, |s| {
-            s.phase == Phase::Syncing && s.condition("InitialSyncComplete")
-        })
-        .await
-        .unwrap()
+    scenario::synced(agent).await.unwrap()
 }
 
 async fn caught_up(agent: &AgentProcess, src: &mut Client) -> mirror_core::Status {
-    let rev =
-        src.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
-    agent.wait_for(&format!("watermark >= {rev}"), SYNC_TIMEOUT, |s| s.watermark >= rev).await.unwrap()
+    scenario::caught_up(agent, src).await.unwrap()
 }
 
 async fn g3(source: &EtcdCluster, target: &EtcdCluster, cfg: &AgentConfig) -> G3 {
-    let parsed = cfg.parsed().unwrap();
-    let (mut s, mut t) = (source.client().await.unwrap(), target.client().await.unwrap());
-    check_g3(&mut s, &mut t, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap()
+    scenario::g3_of(source, target, cfg).await.unwrap()
+}
+
+async fn count(client: &mut Client, prefix: &str) -> i64 {
+    scenario::count_prefix(client, prefix).await.unwrap()
 }
 
 /// `verify` exits 0 on an equal pair and non-zero, naming the key redacted, after a target key
@@ -50,7 +39,7 @@ async fn verify_detects_a_hand_edited_key() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/v/", 2_000, 16).await.unwrap();
-    let cfg = config(&source, &target, "verify", "/v/");
+    let cfg = scenario::fast_config(&source, &target, "verify", "/v/");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
     synced(&agent).await;
     caught_up(&agent, &mut src).await;
@@ -76,13 +65,8 @@ async fn verify_detects_a_hand_edited_key() {
 }
 
 async fn compact_now(src: &mut Client) {
-    let rev =
-        src.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
+    let rev = scenario::current_revision(src).await.unwrap();
     src.compact(rev, None).await.unwrap();
-}
-
-async fn count(client: &mut Client, prefix: &str) -> i64 {
-    client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
 }
 
 /// Keys deleted and added while the agent is down, then the source compacted past the
@@ -92,7 +76,7 @@ async fn compaction_while_down_forces_resync_with_prune() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/p/", 1_000, 16).await.unwrap();
-    let cfg = config(&source, &target, "prune", "/p/");
+    let cfg = scenario::fast_config(&source, &target, "prune", "/p/");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
     synced(&agent).await;
     agent.terminate().await.unwrap();
@@ -120,7 +104,8 @@ async fn kill9_during_sweep_completes_on_restart() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/w/", 12_000, 16).await.unwrap();
-    let cfg = config(&source, &target, "sweep", "/w/").with("max_txn_ops = 4\npage_key_limit = 100");
+    let cfg =
+        scenario::fast_config(&source, &target, "sweep", "/w/").with("max_txn_ops = 4\npage_key_limit = 100");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
     synced(&agent).await;
     agent.terminate().await.unwrap();
@@ -163,7 +148,7 @@ async fn resync_loop_latches_and_clears() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/l/", 5_000, 16).await.unwrap();
-    let cfg = config(&source, &target, "loop", "/l/")
+    let cfg = scenario::fast_config(&source, &target, "loop", "/l/")
         .with("max_txn_ops = 8\npage_key_limit = 50\nwatch_buffer_bytes = \"2KiB\"");
     let churn = {
         let mut c = src.clone();
@@ -202,7 +187,7 @@ async fn periodic_pass_repairs_drift_and_honours_orphan_policy() {
         let (source, target) = pair().await;
         let mut src = source.client().await.unwrap();
         load_keys(&mut src, "/d/", 500, 16).await.unwrap();
-        let cfg = config(&source, &target, "drift", "/d/")
+        let cfg = scenario::fast_config(&source, &target, "drift", "/d/")
             .with(&format!("[reconcile]\ninterval = \"1s\"\ndelete_orphans = {delete_orphans}"));
         let agent = AgentProcess::start(&cfg).await.unwrap();
         synced(&agent).await;
@@ -244,7 +229,7 @@ async fn fence_bump_during_pass_aborts_cleanly() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/fb/", 1_000, 16).await.unwrap();
-    let cfg = config(&source, &target, "bump", "/fb/")
+    let cfg = scenario::fast_config(&source, &target, "bump", "/fb/")
         .with("max_ops_per_second = 50\nmax_txn_ops = 11\n[reconcile]\ninterval = \"1s\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     synced(&agent).await;

@@ -166,9 +166,9 @@ async fn kill9_mid_batch_loses_nothing() {
     let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
     let (mut src, mut dst) = pair.clients().await;
     load_keys(&mut src, "/k/", 20_000, 64).await.unwrap();
-    let cfg = fast_progress(pair.config("kill", "/k/")).with("max_txn_ops = 16\npage_key_limit = 64");
+    let cfg = fast_progress(pair.config("kill", "/k/")).with("max_txn_ops = 8\npage_key_limit = 64");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
-    agent.wait_for("scan under way", SYNC_TIMEOUT, |s| s.initial_sync.keys > 2_000).await.unwrap();
+    agent.wait_for("scan under way", SYNC_TIMEOUT, |s| s.initial_sync.keys > 1_000).await.unwrap();
     agent.kill9().await.unwrap();
     let cp = cfg.parsed().unwrap().checkpoint_key();
     let record =

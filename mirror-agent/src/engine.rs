@@ -126,6 +126,8 @@ pub struct Engine {
     resyncs_in_a_row: u32,
     /// Since when the watermark trails the source revision (for `lag_seconds`).
     behind_since: RwLock<Option<Instant>>,
+    /// Histograms observed per landed Txn, when served.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Engine {
@@ -148,7 +150,14 @@ impl Engine {
             agent_id,
             resyncs_in_a_row: 0,
             behind_since: RwLock::new(None),
+            metrics: None,
         }
+    }
+
+    /// Observes apply latency and batch size into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Engine {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn update(&self, f: impl FnOnce(&mut Status)) {
@@ -1229,9 +1238,14 @@ impl Run<'_> {
         let mut rounds = 0u32;
         loop {
             let txn_ops = ops.iter().map(Op::to_txn_op).collect();
+            let started = Instant::now();
             let result = self.writer().commit(txn_ops, Some(next.clone())).await;
             let err = match result {
                 Ok(_) => {
+                    if let Some(m) = &self.engine.metrics {
+                        m.apply_latency.observe(started.elapsed().as_secs_f64());
+                        m.batch_size.observe(ops.len() as f64);
+                    }
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| s.watermark = next.watermark);
                     if rounds > 0 {

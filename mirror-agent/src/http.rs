@@ -1,4 +1,4 @@
-//! `/statusz`, `/healthz`, `/readyz`.
+//! `/statusz`, `/metrics`, `/healthz`, `/readyz`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -8,14 +8,39 @@ use axum::{Json, Router};
 use mirror_core::Phase;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+
 use crate::engine::StatusHandle;
 
 /// Serves until `shutdown`.
-pub async fn serve(listener: tokio::net::TcpListener, status: StatusHandle, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    status: StatusHandle,
+    registry: Registry,
+    shutdown: CancellationToken,
+) {
+    let registry = Arc::new(registry);
     let app = Router::new()
         .route("/statusz", get(statusz))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        crate::metrics::encode(&registry),
+                    )
+                }
+            }),
+        )
         .with_state(status);
     let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
 }

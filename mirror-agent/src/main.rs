@@ -3,6 +3,7 @@
 mod cutover;
 mod engine;
 mod http;
+mod metrics;
 mod verify;
 
 use std::path::PathBuf;
@@ -134,8 +135,10 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         info!(link = %config.link_uid, epoch = config.epoch, listen = %config.http.listen, "mirror-agent starting");
         let status = Arc::new(RwLock::new(Status::default()));
         let shutdown = CancellationToken::new();
-        let http = tokio::spawn(http::serve(listener, status.clone(), shutdown.clone()));
-        let engine = tokio::spawn(engine::Engine::new(config, status, shutdown.clone()).run());
+        let (registry, metrics) = metrics::registry(status.clone());
+        let http = tokio::spawn(http::serve(listener, status.clone(), registry, shutdown.clone()));
+        let engine =
+            tokio::spawn(engine::Engine::new(config, status, shutdown.clone()).with_metrics(metrics).run());
         wait_for_signal().await;
         info!("stopping");
         shutdown.cancel();

@@ -1,0 +1,170 @@
+//! `/metrics`: the metric families of SPEC §7, prefix `etcd_mirror_`.
+//!
+//! Everything that status already knows is encoded from one status snapshot per scrape (so
+//! metrics and `/statusz` never disagree); only what status cannot hold, the distributions of
+//! apply latency and batch size, is observed live by the engine into histograms.
+
+use std::sync::Arc;
+
+use mirror_core::{Phase, Status};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::engine::StatusHandle;
+
+/// Live-observed metrics the engine feeds.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Seconds per successful fenced Txn.
+    pub apply_latency: Histogram,
+    /// Data ops per successful fenced Txn.
+    pub batch_size: Histogram,
+}
+
+/// The registry served at `/metrics` and the handle the engine observes into.
+pub fn registry(status: StatusHandle) -> (Registry, Arc<Metrics>) {
+    let mut registry = Registry::with_prefix("etcd_mirror");
+    let metrics = Arc::new(Metrics {
+        apply_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+        batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+    });
+    registry.register(
+        "apply_latency_seconds",
+        "Latency of fenced target Txns that landed",
+        metrics.apply_latency.clone(),
+    );
+    registry.register("batch_size_ops", "Data ops per fenced target Txn", metrics.batch_size.clone());
+    registry.register_collector(Box::new(StatusCollector { status }));
+    (registry, metrics)
+}
+
+/// Encodes the registry in the OpenMetrics text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out = "# encoding failed\n".into();
+    }
+    out
+}
+
+#[derive(Debug)]
+struct StatusCollector {
+    status: StatusHandle,
+}
+
+fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: N,
+) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn labelled_gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &[(String, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut family =
+        encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+    for (value, n) in values {
+        let labels = [(label, value.as_str())];
+        ConstGauge::new(*n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for StatusCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s: Status = self.status.read().expect("status lock").clone();
+        let flag = |c: &str| i64::from(s.condition(c));
+        gauge(&mut e, "watermark", "Source revision the target reflects", s.watermark)?;
+        gauge(&mut e, "source_revision", "Latest source revision seen", s.source_revision)?;
+        gauge(&mut e, "lag_revisions", "source_revision - watermark", s.lag_revisions)?;
+        gauge(&mut e, "lag_seconds", "Seconds the watermark has trailed the source", s.lag_seconds)?;
+        counter(
+            &mut e,
+            "keys_applied",
+            "Target keys written by scan, tail and repairs",
+            s.keys_applied_total,
+        )?;
+        gauge(
+            &mut e,
+            "lease_backed_keys",
+            "Source keys seen with a lease (stripped)",
+            s.lease_backed_keys as i64,
+        )?;
+        counter(
+            &mut e,
+            "scan_restarts",
+            "Genesis restarts (overflow, compaction mid-scan)",
+            s.scan_restarts,
+        )?;
+        {
+            let mut family = e.encode_descriptor(
+                "forced_resyncs",
+                "Forced resyncs by reason",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (reason, n) in &s.forced_resyncs.by_reason {
+                let labels = [("reason", reason.as_str())];
+                ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        gauge(&mut e, "target_throttled", "1 while the target throttles writes", flag("TargetThrottled"))?;
+        gauge(
+            &mut e,
+            "target_quota_exhausted",
+            "1 while the target is out of space",
+            flag("TargetQuotaExhausted"),
+        )?;
+        gauge(&mut e, "fenced", "1 while another writer holds the fence", flag("Fenced"))?;
+        gauge(&mut e, "cutover_ready", "1 once drained, verified and promoted", flag("CutoverReady"))?;
+        gauge(&mut e, "initial_sync_complete", "1 once G3 holds", flag("InitialSyncComplete"))?;
+        let drift = s.last_reconcile.clone().unwrap_or_default();
+        labelled_gauges(
+            &mut e,
+            "drift_keys",
+            "Differences found by the last reconcile pass",
+            "kind",
+            &[
+                ("missing".into(), drift.missing as i64),
+                ("divergent".into(), drift.divergent as i64),
+                ("orphan".into(), drift.orphan as i64),
+            ],
+        )?;
+        labelled_gauges(
+            &mut e,
+            "keys",
+            "Keys in scope at the last count (-1 before the first count)",
+            "side",
+            &[
+                ("source".into(), s.source_keys.map_or(-1, |n| n as i64)),
+                ("target".into(), s.target_keys.map_or(-1, |n| n as i64)),
+            ],
+        )?;
+        let phases: Vec<(String, i64)> =
+            Phase::ALL.iter().map(|p| (p.as_str().to_owned(), i64::from(*p == s.phase))).collect();
+        labelled_gauges(&mut e, "phase", "1 for the current phase", "phase", &phases)?;
+        Ok(())
+    }
+}

@@ -170,6 +170,15 @@ impl AgentProcess {
         self.config = config;
     }
 
+    /// Rewrites the running agent's config file and sends SIGHUP.
+    pub fn reload(&mut self, config: AgentConfig) -> anyhow::Result<()> {
+        self.config = config;
+        std::fs::write(self.dir.path().join("mirror.toml"), self.config.render())?;
+        let pid = self.pid().context("agent is not running")?;
+        crate::process::send(pid, libc::SIGHUP);
+        Ok(())
+    }
+
     /// Starts the agent again after it exited (same config unless replaced).
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.spawn().await

@@ -128,6 +128,9 @@ pub struct Engine {
     behind_since: RwLock<Option<Instant>>,
     /// Histograms observed per landed Txn, when served.
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Validated configs from SIGHUP; only fields that may change live differ (the caller
+    /// refuses the rest).
+    reload: Option<tokio::sync::watch::Receiver<Config>>,
 }
 
 impl Engine {
@@ -151,7 +154,36 @@ impl Engine {
             resyncs_in_a_row: 0,
             behind_since: RwLock::new(None),
             metrics: None,
+            reload: None,
         }
+    }
+
+    /// Takes live config changes (rates, reconcile interval, epoch, endpoints at the next
+    /// connect) from `reload`.
+    pub fn with_reload(mut self, reload: tokio::sync::watch::Receiver<Config>) -> Engine {
+        self.reload = Some(reload);
+        self
+    }
+
+    /// Adopts a reloaded config if one arrived and was not yet adopted.
+    fn take_reload(&mut self) {
+        if self.reload.as_ref().is_some_and(|rx| rx.has_changed().unwrap_or(false)) {
+            self.adopt_reload();
+        }
+    }
+
+    /// Adopts the latest reloaded config.
+    fn adopt_reload(&mut self) {
+        let Some(rx) = self.reload.as_mut() else { return };
+        let new = rx.borrow_and_update().clone();
+        info!(
+            epoch = new.epoch,
+            max_ops_per_second = new.sync.max_ops_per_second,
+            reconcile_interval = %new.reconcile.interval,
+            "config reloaded"
+        );
+        self.update(|s| s.epoch = new.epoch as u64);
+        self.cfg = new;
     }
 
     /// Observes apply latency and batch size into `metrics`.
@@ -212,7 +244,10 @@ impl Engine {
                 EngineError::Fence(f) if f.standby_reason().is_some() => {
                     let reason = f.standby_reason().unwrap_or("Fenced");
                     error!(reason, "fenced: {f}; entering cold standby, no further writes");
-                    self.standby(reason, &f.to_string()).await;
+                    if self.standby(reason, &f.to_string()).await {
+                        self.update(|s| s.set_condition("Fenced", false, "TakingOver", ""));
+                        continue;
+                    }
                     return;
                 }
                 EngineError::RestartGenesis(reason) => {
@@ -299,22 +334,32 @@ impl Engine {
         }
     }
 
-    /// Cold standby: no writes; watch the fence and report it until shutdown.
-    async fn standby(&self, reason: &str, message: &str) {
+    /// Cold standby: no writes; watch the fence and report it until shutdown, or until a
+    /// reloaded config raises our epoch above the stored one (then returns true: take over).
+    async fn standby(&mut self, reason: &str, message: &str) -> bool {
         self.set_phase(Phase::Standby);
         self.update(|s| s.set_condition("Fenced", true, reason, message));
         // Keep the fence visible in status; log only on change.
         let mut last: Option<(u64, String)> = None;
         let Ok(client) = connect(Side::Target, &self.cfg.target, &self.cfg.sync).await else {
             self.shutdown.cancelled().await;
-            return;
+            return false;
         };
         let mut kv = client.kv_client();
         let key = self.cfg.checkpoint_key();
         loop {
+            self.take_reload();
             if let Ok(Observed::Present { record, .. }) =
                 read_checkpoint(&mut kv, &key, self.cfg.sync.request_timeout.get()).await
             {
+                if record.role == Role::Mirror && self.cfg.epoch as u64 > record.epoch {
+                    info!(
+                        ours = self.cfg.epoch,
+                        stored = record.epoch,
+                        "epoch raised above the fence; taking over"
+                    );
+                    return true;
+                }
                 let now = (record.epoch, record.agent_id.clone());
                 if last.as_ref() != Some(&now) {
                     info!(epoch = record.epoch, holder = %record.agent_id, "fence held by another writer");
@@ -323,7 +368,7 @@ impl Engine {
                 }
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = self.shutdown.cancelled() => return false,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         }
@@ -707,6 +752,7 @@ impl Run<'_> {
         });
         let results: Vec<(Vec<Op>, bool)> =
             futures::stream::iter(in_flight).buffer_unordered(SCAN_TXNS_IN_FLIGHT).collect().await;
+        self.pace(keys - last.len()).await;
         for (chunk, landed) in results {
             if !landed {
                 // Redo through the judged path: a moved fence surfaces as a FenceError there.
@@ -931,11 +977,10 @@ impl Run<'_> {
                 let same = self.writer().record().clone();
                 self.commit_with_retry(&std::mem::take(&mut batch), same).await?;
                 repaired += n;
-                if rate > 0.0 {
-                    if repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
-                        info!("long paced repair: source watch cancelled; will re-watch from the watermark");
-                    }
-                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate)).await;
+                // commit_with_retry paced the repair; a long paced pass must not let the
+                // source's events pile up in this process.
+                if rate > 0.0 && repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
+                    info!("long paced repair: source watch cancelled; will re-watch from the watermark");
                 }
             }
             if done {
@@ -1025,6 +1070,12 @@ impl Run<'_> {
             let reconcile_at = next_reconcile.filter(|_| scan_end.is_none());
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
+                _ = reload_changed(&mut self.engine.reload) => {
+                    self.engine.adopt_reload();
+                    let interval = self.cfg().reconcile.interval.get();
+                    next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+                    continue;
+                }
                 _ = fence_check.tick() => {
                     // An idle tail learns of a takeover or a cutover now, not at its next write.
                     self.writer().verify_held().await?;
@@ -1231,6 +1282,15 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
+    /// at once): after `ops` ops, wait `ops / rate` seconds.
+    async fn pace(&self, ops: usize) {
+        let rate = self.cfg().sync.max_ops_per_second;
+        if rate > 0 && ops > 0 {
+            tokio::time::sleep(Duration::from_secs_f64(ops as f64 / rate as f64)).await;
+        }
+    }
+
     /// One fenced Txn, retried through transient errors, throttling and a full target.
     async fn commit_with_retry(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
@@ -1246,6 +1306,7 @@ impl Run<'_> {
                         m.apply_latency.observe(started.elapsed().as_secs_f64());
                         m.batch_size.observe(ops.len() as f64);
                     }
+                    self.pace(ops.len()).await;
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| s.watermark = next.watermark);
                     if rounds > 0 {
@@ -1303,6 +1364,18 @@ impl Run<'_> {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// Resolves when a reloaded config is waiting (without consuming it), never without a channel.
+async fn reload_changed(reload: &mut Option<tokio::sync::watch::Receiver<Config>>) {
+    match reload {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -109,7 +109,11 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MIRROR_LOG").unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: log files and journald get plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -137,9 +141,25 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         let shutdown = CancellationToken::new();
         let (registry, metrics) = metrics::registry(status.clone());
         let http = tokio::spawn(http::serve(listener, status.clone(), registry, shutdown.clone()));
-        let engine =
-            tokio::spawn(engine::Engine::new(config, status, shutdown.clone()).with_metrics(metrics).run());
-        wait_for_signal().await;
+        let (reload_tx, reload_rx) = tokio::sync::watch::channel(config.clone());
+        let engine = tokio::spawn(
+            engine::Engine::new(config.clone(), status, shutdown.clone())
+                .with_metrics(metrics)
+                .with_reload(reload_rx)
+                .run(),
+        );
+        let mut current = config;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => reload(file, &mut current, &reload_tx),
+            }
+        }
         info!("stopping");
         shutdown.cancel();
         let _ = engine.await;
@@ -148,14 +168,36 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGHUP: re-read the file; apply fields that can change live, refuse the rest whole.
+fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch::Sender<Config>) {
+    let mut new = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("reload refused, config unchanged: {e}");
+            return;
+        }
+    };
+    // The HTTP listener is bound once; keep the running address (and any --listen override).
+    new.http.listen = current.http.listen.clone();
+    let immutable: [(&str, bool); 6] = [
+        ("link_uid", new.link_uid != current.link_uid),
+        ("source.prefix", new.source.prefix != current.source.prefix),
+        ("target.prefix", new.target.prefix != current.target.prefix),
+        ("sync.dest_prefix", new.sync.dest_prefix != current.sync.dest_prefix),
+        ("sync.exclude_prefixes", new.sync.exclude_prefixes != current.sync.exclude_prefixes),
+        ("checkpoint.key", new.checkpoint.key != current.checkpoint.key),
+    ];
+    let changed: Vec<&str> = immutable.iter().filter(|(_, c)| *c).map(|(f, _)| *f).collect();
+    if !changed.is_empty() {
+        error!(
+            fields = %changed.join(", "),
+            "reload refused, config unchanged: these fields cannot change while running (they define the link); restart with a new link instead"
+        );
+        return;
     }
+    info!("reloading config");
+    *current = new.clone();
+    tx.send_replace(new);
 }
 
 fn status(url: &str) -> ExitCode {

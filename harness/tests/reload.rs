@@ -1,0 +1,55 @@
+//! SIGHUP: live fields apply, fields that define the link are refused.
+
+use std::time::Duration;
+
+use harness::scenario;
+use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
+
+/// A changed rate limit applies on SIGHUP (the tail is paced from then on); a changed prefix is
+/// refused with a clear log line and replication continues unchanged.
+#[tokio::test]
+async fn sighup_applies_rates_and_refuses_prefix_changes() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/hup/", 100, 8).await.unwrap();
+    let base = scenario::fast_config(&source, &target, "hup", "/hup/");
+    let mut agent = AgentProcess::start(&base).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+
+    // Refused: the prefix defines the link.
+    let mut moved = base.clone();
+    moved.source_prefix = "/elsewhere/".into();
+    agent.reload(moved).unwrap();
+    let deadline = tokio::time::Instant::now() + scenario::SYNC_TIMEOUT;
+    while !agent.log().contains("reload refused") {
+        assert!(tokio::time::Instant::now() < deadline, "no refusal logged:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(agent.log().contains("source.prefix"), "the refusal names the field:\n{}", agent.log());
+    src.put("/hup/after-refusal", "1", None).await.unwrap();
+    scenario::caught_up(&agent, &mut src).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(scenario::count_prefix(&mut dst, "/hup/after-refusal").await.unwrap(), 1);
+
+    // Applied: 20 target ops per second from now on.
+    let paced = base.clone().with("max_ops_per_second = 20");
+    agent.reload(paced).unwrap();
+    while !agent.log().contains("config reloaded") {
+        assert!(tokio::time::Instant::now() < deadline, "no reload logged:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(agent.log().contains("max_ops_per_second=20"), "{}", agent.log());
+    // 40 one-key revisions at 20 ops/s cannot land in under 2 s (unpaced they take milliseconds).
+    let started = tokio::time::Instant::now();
+    for i in 0..40 {
+        src.put(format!("/hup/paced/{i}"), "v", None).await.unwrap();
+    }
+    scenario::caught_up(&agent, &mut src).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_500),
+        "the rate limit did not apply: {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), harness::G3::Holds { .. }));
+}

@@ -53,3 +53,23 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
     );
     assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), harness::G3::Holds { .. }));
 }
+
+/// `/readyz` is 503 while the agent cannot connect (phase `connecting`) and 200 once syncing;
+/// `/healthz` is 200 throughout.
+#[tokio::test]
+async fn readyz_follows_the_phase() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    target.node(0).stop().await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "ready", "/rdy/");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status =
+        agent.wait_for("a failed connect", scenario::SYNC_TIMEOUT, |s| s.last_error.is_some()).await.unwrap();
+    assert_eq!(status.phase, mirror_core::Phase::Connecting);
+    assert_eq!(agent.http_code("/readyz").await.unwrap(), 503);
+    assert_eq!(agent.http_code("/healthz").await.unwrap(), 200);
+
+    target.node(0).start().await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    assert_eq!(agent.http_code("/readyz").await.unwrap(), 200);
+}

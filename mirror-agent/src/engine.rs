@@ -131,6 +131,8 @@ pub struct Engine {
     /// Validated configs from SIGHUP; only fields that may change live differ (the caller
     /// refuses the rest).
     reload: Option<tokio::sync::watch::Receiver<Config>>,
+    /// Whether both sides ever answered; until then failures keep the phase `connecting`.
+    ever_connected: bool,
 }
 
 impl Engine {
@@ -155,6 +157,7 @@ impl Engine {
             behind_since: RwLock::new(None),
             metrics: None,
             reload: None,
+            ever_connected: false,
         }
     }
 
@@ -287,7 +290,11 @@ impl Engine {
                 }
                 _ => {
                     warn!(class = %class, "{err}; retrying in {backoff:?}");
-                    self.set_phase(Phase::Degraded);
+                    // Never connected yet: still connecting (not ready). Lost a working link:
+                    // degraded (ready, and saying so) while it reconnects.
+                    if self.ever_connected {
+                        self.set_phase(Phase::Degraded);
+                    }
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}
@@ -375,7 +382,9 @@ impl Engine {
     }
 
     async fn connect_and_run(&mut self, pending: Pending) -> Result<(), EngineError> {
-        self.set_phase(Phase::Connecting);
+        if !self.ever_connected {
+            self.set_phase(Phase::Connecting);
+        }
         let sync = &self.cfg.sync;
         let source_members = probe_members(Side::Source, &self.cfg.source, sync).await;
         self.update(|s| s.set_condition("SourceReachable", source_members.is_ok(), "Probe", ""));
@@ -383,6 +392,7 @@ impl Engine {
         let target_members = probe_members(Side::Target, &self.cfg.target, sync).await;
         self.update(|s| s.set_condition("TargetReachable", target_members.is_ok(), "Probe", ""));
         let target_members = target_members?;
+        self.ever_connected = true;
         let (source_info, source_cluster) = side_status(Side::Source, &source_members)?;
         let (target_info, target_cluster) = side_status(Side::Target, &target_members)?;
         let learner = source_info.learner || target_info.learner;

@@ -65,3 +65,24 @@ fn check_config_missing_file_exits_2() {
     let out = agent().arg("check-config").arg("/nonexistent/mirror.toml").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The config shipped in the Kubernetes manifest is valid.
+#[test]
+fn kubernetes_example_config_is_valid() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/kubernetes/etcd-mirror.yaml"
+    ))
+    .unwrap();
+    let block: String = manifest
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("mirror.toml: |"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    ") || l.trim().is_empty())
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    assert!(block.contains("link_uid"), "no config block found");
+    let f = write(&block);
+    let out = agent().arg("check-config").arg(f.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

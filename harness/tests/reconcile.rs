@@ -274,3 +274,32 @@ async fn fence_bump_during_pass_aborts_cleanly() {
         .count();
     assert!(left > 0, "the pass was interrupted, so some damage remains");
 }
+
+/// A stored target cluster id that differs from the connected target (a restored or rebuilt
+/// target) forces a fresh genesis with `require_empty` re-armed: a non-empty target is refused
+/// and nothing is written.
+#[tokio::test]
+async fn changed_target_cluster_id_rearms_require_empty() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/cid/", 200, 8).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "cid", "/cid/");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent.terminate().await.unwrap();
+
+    // Pretend the target was restored from a backup of another cluster: same data, same
+    // checkpoint, but the stored cluster id no longer matches.
+    let mut dst = target.client().await.unwrap();
+    let cp = cfg.parsed().unwrap().checkpoint_key();
+    let mut record =
+        mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
+    record.target_cluster_id ^= 1;
+    dst.put(cp, record.encode(), None).await.unwrap();
+    let before = scenario::current_revision(&mut dst).await.unwrap();
+
+    agent.restart().await.unwrap();
+    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert!(status.condition("EmptyTargetViolation"), "{status:#?}");
+    assert_eq!(scenario::current_revision(&mut dst).await.unwrap(), before, "nothing may be written");
+}

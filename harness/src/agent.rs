@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub top: String,
     /// Extra sections, appended verbatim (e.g. `[sync]\nmax_txn_ops = 16`).
     pub extra: String,
+    /// Environment variables for the agent process (e.g. a `password_env`).
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentConfig {
@@ -53,6 +55,7 @@ impl AgentConfig {
             target_prefix: prefix.into(),
             top: String::new(),
             extra: String::new(),
+            env: Vec::new(),
         }
     }
 
@@ -60,6 +63,12 @@ impl AgentConfig {
     pub fn with(mut self, toml: &str) -> AgentConfig {
         self.extra.push('\n');
         self.extra.push_str(toml);
+        self
+    }
+
+    /// Sets an environment variable for the agent process.
+    pub fn env(mut self, name: &str, value: &str) -> AgentConfig {
+        self.env.push((name.into(), value.into()));
         self
     }
 
@@ -155,6 +164,7 @@ impl AgentProcess {
             .arg("--listen")
             .arg(self.http.to_string())
             .env("MIRROR_LOG", std::env::var("MIRROR_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(self.config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -387,10 +387,10 @@ impl Engine {
         }
         let sync = &self.cfg.sync;
         let source_members = probe_members(Side::Source, &self.cfg.source, sync).await;
-        self.update(|s| s.set_condition("SourceReachable", source_members.is_ok(), "Probe", ""));
+        self.update(|s| reachability(s, "SourceReachable", &source_members));
         let source_members = source_members?;
         let target_members = probe_members(Side::Target, &self.cfg.target, sync).await;
-        self.update(|s| s.set_condition("TargetReachable", target_members.is_ok(), "Probe", ""));
+        self.update(|s| reachability(s, "TargetReachable", &target_members));
         let target_members = target_members?;
         self.ever_connected = true;
         let (source_info, source_cluster) = side_status(Side::Source, &source_members)?;
@@ -1460,6 +1460,15 @@ fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), 
         SideStatus { version, cluster_id: cluster.to_string(), learner: members.iter().any(|m| m.learner) },
         cluster,
     ))
+}
+
+/// Sets `SourceReachable`/`TargetReachable` from a probe, naming why it failed (wrong
+/// credentials read `AuthFailed`, so the side at fault is obvious).
+fn reachability<T>(s: &mut Status, condition: &str, probe: &Result<T, EtcdError>) {
+    match probe {
+        Ok(_) => s.set_condition(condition, true, "Probe", ""),
+        Err(e) => s.set_condition(condition, false, &format!("{:?}", e.fault), e.to_string()),
+    }
 }
 
 fn phase_reason(phase: Phase) -> &'static str {

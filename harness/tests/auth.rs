@@ -1,0 +1,80 @@
+//! Authentication on both sides: a user limited to the mirrored prefix mirrors; a wrong
+//! password is a permanent, clearly named error.
+
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, Permission};
+use harness::scenario;
+use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
+use mirror_core::Phase;
+
+/// Enables auth with a root user and a `mirror` user whose role may only `read` or `read_write`
+/// the prefix; returns a root client.
+async fn enable_auth(cluster: &EtcdCluster, prefix: &str, writable: bool) -> Client {
+    let mut c = cluster.client().await.unwrap();
+    c.user_add("root", "root-pw", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.role_add("mirror").await.unwrap();
+    let perm = if writable { Permission::read_write(prefix) } else { Permission::read(prefix) };
+    c.role_grant_permission("mirror", perm.with_prefix()).await.unwrap();
+    c.user_add("mirror", "mirror-pw", None).await.unwrap();
+    c.user_grant_role("mirror", "mirror").await.unwrap();
+    c.auth_enable().await.unwrap();
+    Client::connect(cluster.endpoints(), Some(ConnectOptions::new().with_user("root", "root-pw")))
+        .await
+        .unwrap()
+}
+
+/// Mirrors with auth on both sides (users limited to the prefix): the source password from an
+/// environment variable, the target's from a file.
+#[tokio::test]
+async fn mirrors_with_auth_on_both_sides() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut src = enable_auth(&source, "/au/", false).await;
+    let mut dst = enable_auth(&target, "/au/", true).await;
+    load_keys(&mut src, "/au/", 500, 8).await.unwrap();
+    src.put("/outside/secret", "x", None).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("target-pass");
+    std::fs::write(&pw, "mirror-pw\n").unwrap();
+    let env = "MIRROR_SOURCE_PASSWORD";
+    let cfg = scenario::fast_config(&source, &target, "auth", "/au/").env(env, "mirror-pw").with(&format!(
+        "[source.auth]\nusername = \"mirror\"\npassword_env = {env:?}\n[target.auth]\nusername = \"mirror\"\npassword_file = {:?}",
+        pw.display().to_string()
+    ));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    src.put("/au/live", "1", None).await.unwrap();
+    scenario::caught_up(&agent, &mut src).await.unwrap();
+    let parsed = cfg.parsed().unwrap();
+    let got =
+        harness::check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();
+    assert!(matches!(got, G3::Holds { keys: 501, .. }), "{got:?}");
+}
+
+/// A wrong target password: permanent, reason AuthFailed, condition on the target side.
+#[tokio::test]
+async fn wrong_password_is_permanent_and_names_the_side() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let _root = enable_auth(&target, "/wp/", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("target-pass");
+    std::fs::write(&pw, "not-the-password").unwrap();
+    let cfg = scenario::fast_config(&source, &target, "wrongpw", "/wp/").with(&format!(
+        "[target.auth]\nusername = \"mirror\"\npassword_file = {:?}",
+        pw.display().to_string()
+    ));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status =
+        agent.wait_for("failed", Duration::from_secs(60), |s| s.phase == Phase::Failed).await.unwrap();
+    let err = status.last_error.clone().unwrap();
+    assert_eq!(err.class, "permanent", "{status:#?}");
+    assert_eq!(err.reason, "AuthFailed", "{status:#?}");
+    assert!(err.message.contains("target"), "{}", err.message);
+    let cond = status.conditions.iter().find(|c| c.type_ == "TargetReachable").unwrap();
+    assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "AuthFailed"));
+    assert!(!agent.log().contains("not-the-password"), "the password must never be logged");
+}

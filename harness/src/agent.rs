@@ -41,6 +41,8 @@ pub struct AgentConfig {
     pub extra: String,
     /// Environment variables for the agent process (e.g. a `password_env`).
     pub env: Vec<(String, String)>,
+    /// Extra command-line arguments for `mirror-agent run`.
+    pub args: Vec<String>,
 }
 
 impl AgentConfig {
@@ -56,6 +58,7 @@ impl AgentConfig {
             top: String::new(),
             extra: String::new(),
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 
@@ -63,6 +66,12 @@ impl AgentConfig {
     pub fn with(mut self, toml: &str) -> AgentConfig {
         self.extra.push('\n');
         self.extra.push_str(toml);
+        self
+    }
+
+    /// Adds a command-line argument to `mirror-agent run`.
+    pub fn arg(mut self, arg: &str) -> AgentConfig {
+        self.args.push(arg.into());
         self
     }
 
@@ -163,6 +172,7 @@ impl AgentProcess {
             .arg(&config_path)
             .arg("--listen")
             .arg(self.http.to_string())
+            .args(&self.config.args)
             .env("MIRROR_LOG", std::env::var("MIRROR_LOG").unwrap_or_else(|_| "info".into()))
             .envs(self.config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())

@@ -73,3 +73,29 @@ async fn readyz_follows_the_phase() {
     scenario::synced(&agent).await.unwrap();
     assert_eq!(agent.http_code("/readyz").await.unwrap(), 200);
 }
+
+/// `--log-format json`: every log line is a JSON object; state transitions are logged once
+/// each, not per heartbeat, and values never appear.
+#[tokio::test]
+async fn json_logs_one_line_per_transition() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    src.put("/js/a", "value-that-must-not-be-logged", None).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "json", "/js/").arg("--log-format").arg("json");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    // Several progress intervals of an idle link.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = agent.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v.get("level").is_some() && v.get("fields").is_some(), "{l}");
+    }
+    let to_syncing = lines.iter().filter(|l| l.contains("\"to\":\"syncing\"")).count();
+    assert_eq!(to_syncing, 1, "one line per transition:\n{log}");
+    assert!(lines.len() < 20, "an idle agent must not log per heartbeat:\n{log}");
+    assert!(!log.contains("value-that-must-not-be-logged"));
+}

@@ -1,4 +1,15 @@
 //! `mirror-agent`: the etcd-mirror daemon and its command line (SPEC §4).
+//!
+//! - `run` drives the engine (`engine.rs`: connect → initial_sync → syncing, with degraded,
+//!   standby, drained and failed; the argument for each guarantee is in that module's doc) and
+//!   serves `/statusz`, `/metrics`, `/healthz`, `/readyz` (`http.rs`, `metrics.rs`). SIGTERM and
+//!   SIGINT stop it cleanly (exit 0); SIGHUP reloads the config; a config error exits 2; an engine
+//!   error never exits, it parks the engine in `failed` or `standby`.
+//! - `check-config`, `status`, `verify` (`verify.rs`, read-only) and `cutover` (`cutover.rs`)
+//!   are one-shot commands for operators and scripts.
+//!
+//! What it deliberately does not do: it never writes to the source, never writes outside the
+//! destination range and its reserved keys, and never retries a failed fence compare blindly.
 
 mod cutover;
 mod engine;

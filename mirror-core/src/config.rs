@@ -478,6 +478,13 @@ impl Config {
             }
         }
 
+        if self.ha.enabled {
+            // Accepting it and running unelected would give two "HA" agents a takeover fight.
+            v.add(
+                "ha.enabled",
+                "is not supported by this build yet (run one agent per link; a second one is a cold standby)",
+            );
+        }
         if self.ha.lease_ttl.get().as_secs() < 2 {
             v.add("ha.lease_ttl", "must be >= 2s (etcd's smallest useful lease)");
         }

@@ -208,6 +208,7 @@ listen = "127.0.0.1:8080"
 #[case::ha_lease_ttl("[ha]\nlease_ttl = \"1s\"", "ha.lease_ttl")]
 #[case::http_listen("[http]\nlisten = \"localhost\"", "http.listen")]
 #[case::direction_conflict("[target]\nendpoints = [\"http://127.0.0.1:2379\"]", "target.endpoints")]
+#[case::ha_not_built("[ha]\nenabled = true", "ha.enabled")]
 fn validation_rule(#[case] extra: &str, #[case] field: &str) {
     let v = violations(with(extra));
     assert!(v.iter().any(|v| v.field == field), "expected a violation of {field}, got {v:?}");

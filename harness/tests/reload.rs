@@ -52,6 +52,17 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
         started.elapsed()
     );
     assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), harness::G3::Holds { .. }));
+
+    // `mirror-agent status` pretty-prints the same document.
+    let out = tokio::process::Command::new(harness::agent_binary())
+        .args(["status", "--url", &agent.url()])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let shown: mirror_core::Status = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown.link_uid, "hup");
+    assert_eq!(shown.phase, mirror_core::Phase::Syncing);
 }
 
 /// `/readyz` is 503 while the agent cannot connect (phase `connecting`) and 200 once syncing;

@@ -86,3 +86,12 @@ fn kubernetes_example_config_is_valid() {
     let out = agent().arg("check-config").arg(f.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `status` against nothing listening fails with a message naming the URL.
+#[test]
+fn status_names_an_unreachable_agent() {
+    let out = agent().args(["status", "--url", "http://127.0.0.1:9"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("http://127.0.0.1:9/statusz"), "{err}");
+}

@@ -320,9 +320,18 @@ impl EtcdCluster {
         let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
         let cluster = EtcdCluster { spec: spec.clone(), nodes, _data: data };
         for node in &cluster.nodes {
-            wait_serving(&[node.endpoint()], Duration::from_secs(30))
-                .await
-                .with_context(|| format!("member {} of etcd {} never served", node.name(), spec.version))?;
+            if let Err(e) = wait_serving(&[node.endpoint()], Duration::from_secs(30)).await {
+                let log = node.log();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                return Err(e).with_context(|| {
+                    format!(
+                        "member {} of etcd {} never served; its last log lines, newest first:\n{}",
+                        node.name(),
+                        spec.version,
+                        tail.join("\n")
+                    )
+                });
+            }
         }
         Ok(cluster)
     }

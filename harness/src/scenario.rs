@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 use mirror_core::{Phase, Status};
 
-use crate::{check_g3, AgentConfig, AgentProcess, EtcdCluster, G3};
+use crate::{check_g3, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 
 /// How long a scenario waits for the agent to reach a state.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
@@ -19,6 +19,14 @@ pub const FAST_SYNC_TOML: &str =
 /// A config between two clusters with [`FAST_SYNC_TOML`].
 pub fn fast_config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefix: &str) -> AgentConfig {
     AgentConfig::new(link, source.endpoints(), target.endpoints(), prefix).with(FAST_SYNC_TOML)
+}
+
+/// A single-member source and target of etcd 3.5.1 on the detected launcher.
+pub async fn pair() -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
+    Ok((
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await?,
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await?,
+    ))
 }
 
 /// Waits for phase `syncing` with the initial sync complete.

@@ -4,15 +4,12 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use harness::scenario::{self, SYNC_TIMEOUT};
-use harness::{agent_command, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
+use harness::{agent_command, load_keys, AgentConfig, AgentProcess, EtcdCluster};
 use mirror_core::Phase;
 use mirror_fence::{Checkpoint, Role};
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
-    (
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
-    )
+    scenario::pair().await.unwrap()
 }
 
 async fn revision(c: &mut Client) -> i64 {

@@ -4,16 +4,11 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use harness::scenario::{self, SYNC_TIMEOUT};
-use harness::{
-    agent_command, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3,
-};
+use harness::{agent_command, load_keys, AgentConfig, AgentProcess, EtcdCluster, G3};
 use mirror_core::Phase;
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
-    (
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap(),
-    )
+    scenario::pair().await.unwrap()
 }
 
 async fn synced(agent: &AgentProcess) -> mirror_core::Status {

@@ -862,18 +862,24 @@ impl Run<'_> {
         Ok(orphans)
     }
 
-    /// Counts and compares both sides with the source pinned at the watermark; no writes.
-    async fn compare_at_watermark(&mut self) -> Result<mirror_reconcile::Counts, EngineError> {
-        let sync = self.cfg().sync.clone();
-        let mut differ = mirror_reconcile::Differ::new(
+    /// A comparison of the source pinned at the watermark with the target as it is: while the
+    /// tail is not writing, that is the state G3 says must be equal.
+    fn differ_at_watermark(&mut self) -> mirror_reconcile::Differ {
+        let sync = &self.engine.cfg.sync;
+        mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),
             self.source.kv_client(),
             self.target_kv.clone(),
-            self.writer().record().watermark,
+            self.writer.as_ref().expect("fence claimed").record().watermark,
             0,
             sync.page_key_limit,
             sync.request_timeout.get(),
-        );
+        )
+    }
+
+    /// Counts and compares both sides with the source pinned at the watermark; no writes.
+    async fn compare_at_watermark(&mut self) -> Result<mirror_reconcile::Counts, EngineError> {
+        let mut differ = self.differ_at_watermark();
         while differ.next_difference().await?.is_some() {}
         Ok(differ.counts)
     }
@@ -948,15 +954,7 @@ impl Run<'_> {
     async fn reconcile_pass(&mut self, delete_orphans: bool) -> Result<(), EngineError> {
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
-        let mut differ = mirror_reconcile::Differ::new(
-            self.engine.rewriter.clone(),
-            self.source.kv_client(),
-            self.target_kv.clone(),
-            watermark,
-            0,
-            sync.page_key_limit,
-            sync.request_timeout.get(),
-        );
+        let mut differ = self.differ_at_watermark();
         let max_ops = (sync.max_txn_ops as usize).saturating_sub(1).max(1);
         let rate = sync.max_ops_per_second.max(0) as f64;
         let mut batch: Vec<Op> = Vec::new();
@@ -1046,18 +1044,8 @@ impl Run<'_> {
     async fn tail(&mut self, watch: Watch, genesis: Option<(i64, Vec<Revision>)>) -> Result<(), EngineError> {
         self.watch = Some(watch);
         let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
-        let max_ops = self.cfg().sync.max_txn_ops as usize;
-        let flush = self.cfg().sync.txn_flush_bytes.bytes() as usize;
         if let Some((_, replay)) = genesis {
-            let mut batcher = RevisionBatcher::new(max_ops, flush);
-            for rev in replay {
-                if let Some(b) = batcher.push(rev) {
-                    self.apply(b, &mut scan_end).await?;
-                }
-            }
-            if let Some(b) = batcher.take() {
-                self.apply(b, &mut scan_end).await?;
-            }
+            self.apply_revisions(replay, &mut scan_end).await?;
         }
         if scan_end.is_none() {
             self.engine.set_phase(Phase::Syncing);
@@ -1193,19 +1181,7 @@ impl Run<'_> {
         }
         let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
         self.engine.update(|s| s.lease_backed_keys += converted.leased);
-        let mut batcher = RevisionBatcher::new(
-            self.cfg().sync.max_txn_ops as usize,
-            self.cfg().sync.txn_flush_bytes.bytes() as usize,
-        );
-        for rev in converted.revisions {
-            if let Some(b) = batcher.push(rev) {
-                self.apply(b, scan_end).await?;
-            }
-        }
-        if let Some(b) = batcher.take() {
-            self.apply(b, scan_end).await?;
-        }
-        Ok(())
+        self.apply_revisions(converted.revisions, scan_end).await
     }
 
     async fn finish_genesis_if_due(
@@ -1230,6 +1206,27 @@ impl Run<'_> {
                 });
                 self.engine.set_phase(Phase::Syncing);
             }
+        }
+        Ok(())
+    }
+
+    /// Packs whole revisions into batches (flushing at the end: the end of a watch response or
+    /// of the replay) and commits each.
+    async fn apply_revisions(
+        &mut self,
+        revisions: Vec<Revision>,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        let sync = &self.cfg().sync;
+        let mut batcher =
+            RevisionBatcher::new(sync.max_txn_ops as usize, sync.txn_flush_bytes.bytes() as usize);
+        for rev in revisions {
+            if let Some(b) = batcher.push(rev) {
+                self.apply(b, scan_end).await?;
+            }
+        }
+        if let Some(b) = batcher.take() {
+            self.apply(b, scan_end).await?;
         }
         Ok(())
     }

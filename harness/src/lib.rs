@@ -10,6 +10,8 @@
 //! - [`AgentProcess`]: the real `mirror-agent` binary with a generated [`AgentConfig`], its
 //!   `/statusz`, SIGTERM and kill -9.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
+//! - [`scenario`]: the waits, counts and checks scenario tests share; [`bench`]: the figures
+//!   `harness bench` prints, each next to a baseline from the same run.
 //!
 //! ## What it deliberately does not do
 //! It never links the agent's engine: scenarios drive the `mirror-agent` *binary*, as an

@@ -10,7 +10,7 @@
 //! - [`AgentProcess`]: the real `mirror-agent` binary with a generated [`AgentConfig`], its
 //!   `/statusz`, SIGTERM and kill -9.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
-//! - [`scenario`]: the waits, counts and checks scenario tests share; [`bench`]: the figures
+//! - [`scenario`]: the waits, counts and checks scenario tests share; [`bench`](mod@bench): the figures
 //!   `harness bench` prints, each next to a baseline from the same run.
 //!
 //! ## What it deliberately does not do

@@ -27,8 +27,10 @@ apt_install() {
 }
 
 # --- protoc --------------------------------------------------------------------------------
-if ! command -v protoc >/dev/null 2>&1; then
-  apt_install protobuf-compiler
+# etcd-client's protos import google/protobuf/descriptor.proto and struct.proto; Debian ships
+# them in libprotobuf-dev, which --no-install-recommends would leave out.
+if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+  apt_install protobuf-compiler libprotobuf-dev
 fi
 
 # --- etcd 3.4.23 (Debian) --------------------------------------------------------------------

@@ -13,6 +13,9 @@ use crate::etcd::MemberPlan;
 /// Label on every harness container, for sweeping leftovers of killed test runs.
 pub const LABEL: &str = "etcd-mirror.harness";
 
+/// Where a member container sees its PKI directory.
+const TLS_DIR: &str = "/tls";
+
 /// One member container; recreated on `start` so changed flags take effect, always on the same
 /// bind-mounted data dir and the same host port.
 pub(crate) struct ContainerNode {
@@ -36,26 +39,29 @@ impl ContainerNode {
         let mut args = vec![
             format!("--name={name}"),
             "--data-dir=/data".to_owned(),
-            "--listen-client-urls=http://0.0.0.0:2379".to_owned(),
-            format!("--advertise-client-urls=http://{name}:2379"),
+            format!("--listen-client-urls={}://0.0.0.0:2379", plan.client_scheme()),
+            format!("--advertise-client-urls={}://{name}:2379", plan.client_scheme()),
             "--listen-peer-urls=http://0.0.0.0:2380".to_owned(),
             format!("--initial-advertise-peer-urls=http://{name}:2380"),
             format!("--initial-cluster={}", plan.initial_cluster),
             format!("--initial-cluster-token={}", plan.cluster_token),
             "--initial-cluster-state=new".to_owned(),
         ];
+        args.extend(plan.tls_args(std::path::Path::new(TLS_DIR)));
         args.extend(plan.extra_args.iter().cloned());
-        let container = GenericImage::new("etcd-mirror/etcd", plan.version.image_tag())
+        let mut image = GenericImage::new("etcd-mirror/etcd", plan.version.image_tag())
             .with_container_name(name)
             .with_network(&self.network)
             .with_label(LABEL, "1")
             .with_mount(Mount::bind_mount(plan.data_dir.display().to_string(), "/data"))
-            .with_mapped_port(plan.client_port, ContainerPort::Tcp(2379))
-            .with_cmd(args)
-            .with_startup_timeout(Duration::from_secs(60))
-            .start()
-            .await
-            .with_context(|| format!("starting container {name} from etcd-mirror/etcd:{}", plan.version))?;
+            .with_mapped_port(plan.client_port, ContainerPort::Tcp(2379));
+        if let Some(dir) = &plan.tls {
+            image = image.with_mount(Mount::bind_mount(dir.display().to_string(), TLS_DIR));
+        }
+        let container =
+            image.with_cmd(args).with_startup_timeout(Duration::from_secs(60)).start().await.with_context(
+                || format!("starting container {name} from etcd-mirror/etcd:{}", plan.version),
+            )?;
         self.container = Some(container);
         Ok(())
     }

@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use anyhow::{bail, Context as _};
 use etcd_client::Client;
 
 use crate::container::ContainerNode;
+use crate::pki::{self, Pki};
 use crate::process::ProcessNode;
 use crate::proxy::FaultProxy;
 
@@ -118,12 +119,15 @@ pub struct ClusterSpec {
     pub backend: Backend,
     /// Extra etcd flags for every member, e.g. `--quota-backend-bytes=...`.
     pub extra_args: Vec<String>,
+    /// Serve clients over TLS with the server certificate of this PKI and require client
+    /// certificates signed by its CA.
+    pub tls: Option<Pki>,
 }
 
 impl ClusterSpec {
     /// One member of `version` on the detected backend.
     pub fn new(version: EtcdVersion) -> ClusterSpec {
-        ClusterSpec { version, members: 1, backend: Backend::detect(), extra_args: Vec::new() }
+        ClusterSpec { version, members: 1, backend: Backend::detect(), extra_args: Vec::new(), tls: None }
     }
 
     /// Sets the member count.
@@ -143,6 +147,12 @@ impl ClusterSpec {
         self.extra_args.push(arg.into());
         self
     }
+
+    /// Serves clients over TLS from `pki` and requires client certificates (`--client-cert-auth`).
+    pub fn tls(mut self, pki: &Pki) -> Self {
+        self.tls = Some(pki.clone());
+        self
+    }
 }
 
 /// What a launcher needs to know to (re)start one member.
@@ -159,6 +169,32 @@ pub(crate) struct MemberPlan {
     pub cluster_token: String,
     pub data_dir: PathBuf,
     pub extra_args: Vec<String>,
+    /// PKI directory for client TLS (see [`crate::pki`]); `None` = plaintext.
+    pub tls: Option<PathBuf>,
+}
+
+impl MemberPlan {
+    /// `http` or `https`.
+    pub fn client_scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The TLS flags of etcd, with the PKI directory seen by the member as `dir`.
+    pub fn tls_args(&self, dir: &Path) -> Vec<String> {
+        if self.tls.is_none() {
+            return Vec::new();
+        }
+        vec![
+            format!("--cert-file={}", dir.join(pki::SERVER_CERT).display()),
+            format!("--key-file={}", dir.join(pki::SERVER_KEY).display()),
+            format!("--trusted-ca-file={}", dir.join(pki::CA).display()),
+            "--client-cert-auth".to_owned(),
+        ]
+    }
 }
 
 enum NodeInner {
@@ -183,9 +219,17 @@ impl Node {
         SocketAddr::from(([127, 0, 0, 1], self.plan.client_port))
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://` for a TLS cluster.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.client_addr())
+        format!("{}://{}", self.plan.client_scheme(), self.client_addr())
+    }
+
+    /// The `[tls]` block a client of this member needs (the PKI's CA and client certificate).
+    pub fn client_tls(&self) -> Option<mirror_core::Tls> {
+        self.plan
+            .tls
+            .as_ref()
+            .map(|dir| Pki { dir: dir.clone(), name: String::new(), client_not_after: 0 }.client_tls())
     }
 
     /// Everything the member logged so far (stdout and stderr).
@@ -220,7 +264,7 @@ impl Node {
             NodeInner::Process(p) => p.start(&self.plan).await?,
             NodeInner::Container(c) => c.start(&self.plan).await?,
         }
-        wait_serving(&[self.endpoint()], Duration::from_secs(30)).await
+        wait_serving(&[self.endpoint()], self.client_tls().as_ref(), Duration::from_secs(30)).await
     }
 
     /// Stops the member and starts it again with `extra_args` replacing the cluster's extra
@@ -303,6 +347,7 @@ impl EtcdCluster {
                 cluster_token: format!("tok-{id}"),
                 data_dir: data.path().join(name),
                 extra_args: spec.extra_args.clone(),
+                tls: spec.tls.as_ref().map(|p| p.dir.clone()),
             })
             .collect();
         let network = format!("em-net-{id}");
@@ -320,7 +365,9 @@ impl EtcdCluster {
         let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
         let cluster = EtcdCluster { spec: spec.clone(), nodes, _data: data };
         for node in &cluster.nodes {
-            if let Err(e) = wait_serving(&[node.endpoint()], Duration::from_secs(30)).await {
+            if let Err(e) =
+                wait_serving(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(30)).await
+            {
                 let log = node.log();
                 let tail: Vec<&str> = log.lines().rev().take(8).collect();
                 return Err(e).with_context(|| {
@@ -361,8 +408,12 @@ impl EtcdCluster {
         self.nodes.iter().map(Node::log).collect::<Vec<_>>().join("\n")
     }
 
-    /// A client to every member, with the agent's keepalive settings.
+    /// A client to every member, with the agent's keepalive settings (and the PKI's client
+    /// certificate on a TLS cluster).
     pub async fn client(&self) -> anyhow::Result<Client> {
+        if let Some(tls) = self.nodes.first().and_then(Node::client_tls) {
+            return Ok(tls_client(&self.endpoints(), &tls, Duration::from_secs(5)).await?);
+        }
         Ok(Client::connect(self.endpoints(), Some(mirror_core::connect_options(Duration::from_secs(5))))
             .await?)
     }
@@ -397,15 +448,41 @@ impl Proxies {
     }
 }
 
-/// Polls until a linearizable read succeeds on `endpoints`.
-pub async fn wait_serving(endpoints: &[String], within: Duration) -> anyhow::Result<()> {
+/// A client over TLS through mirror-core's connect (the path the agent takes).
+async fn tls_client(
+    endpoints: &[String],
+    tls: &mirror_core::Tls,
+    dial_timeout: Duration,
+) -> Result<Client, mirror_core::EtcdError> {
+    let side = mirror_core::SideConfig {
+        endpoints: endpoints.to_vec(),
+        prefix: String::new(),
+        tls: Some(tls.clone()),
+        auth: None,
+    };
+    let sync = mirror_core::SyncSection {
+        dial_timeout: mirror_core::HumanDuration(dial_timeout),
+        ..mirror_core::SyncSection::default()
+    };
+    mirror_core::connect(mirror_core::Side::Source, &side, &sync).await
+}
+
+/// Polls until a linearizable read succeeds on `endpoints` (over TLS with `tls`).
+pub async fn wait_serving(
+    endpoints: &[String],
+    tls: Option<&mirror_core::Tls>,
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + within;
     let mut last = String::from("no attempt");
     while tokio::time::Instant::now() < deadline {
         let attempt = async {
             let opts =
                 mirror_core::connect_options(Duration::from_secs(2)).with_timeout(Duration::from_secs(2));
-            let mut c = Client::connect(endpoints, Some(opts)).await?;
+            let mut c = match tls {
+                Some(tls) => tls_client(endpoints, tls, Duration::from_secs(2)).await?,
+                None => Client::connect(endpoints, Some(opts)).await?,
+            };
             c.get("/__harness_probe", None).await?;
             anyhow::Ok(())
         };

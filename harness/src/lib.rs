@@ -9,6 +9,8 @@
 //! - [`FaultProxy`] / [`Proxies`]: cut and heal the network between the agent and one side.
 //! - [`AgentProcess`]: the real `mirror-agent` binary with a generated [`AgentConfig`], its
 //!   `/statusz`, SIGTERM and kill -9.
+//! - [`pki`]: a throwaway CA with server and client certificates; [`ClusterSpec::tls`] makes a
+//!   cluster serve them and require client certificates.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
 //! - [`scenario`]: the waits, counts and checks scenario tests share; [`bench`](mod@bench): the figures
 //!   `harness bench` prints, each next to a baseline from the same run.
@@ -23,6 +25,7 @@ mod check;
 mod container;
 mod etcd;
 mod load;
+pub mod pki;
 mod ports;
 mod process;
 mod proxy;

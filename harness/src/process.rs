@@ -26,7 +26,7 @@ impl ProcessNode {
             .create(true)
             .append(true)
             .open(plan.data_dir.with_extension("log"))?;
-        let client = format!("http://127.0.0.1:{}", plan.client_port);
+        let client = format!("{}://127.0.0.1:{}", plan.client_scheme(), plan.client_port);
         let peer = format!("http://127.0.0.1:{}", plan.peer_port);
         let mut cmd = Command::new(plan.version.binary());
         cmd.arg(format!("--name={}", plan.name))
@@ -38,6 +38,7 @@ impl ProcessNode {
             .arg(format!("--initial-cluster={}", plan.initial_cluster))
             .arg(format!("--initial-cluster-token={}", plan.cluster_token))
             .arg("--initial-cluster-state=new")
+            .args(plan.tls.as_deref().map(|dir| plan.tls_args(dir)).unwrap_or_default())
             .args(&plan.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -50,6 +50,8 @@ const SCAN_CYCLE_TXNS: usize = 16;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often the tail looks at the TLS files for a rotation.
+const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Shared, readable by the HTTP server.
 pub type StatusHandle = Arc<RwLock<Status>>;
@@ -77,6 +79,9 @@ pub enum EngineError {
     /// History is gone: forced resync with prune.
     #[error("forced resync: {0}")]
     Resync(&'static str),
+    /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
+    #[error("reconnect: {0}")]
+    Reconnect(&'static str),
 }
 
 impl EngineError {
@@ -86,15 +91,18 @@ impl EngineError {
             EngineError::Fence(f) => f.class(),
             EngineError::Refused { .. } => ErrorClass::Permanent,
             EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
+            EngineError::Reconnect(_) => ErrorClass::Transient,
         }
     }
 
     fn reason(&self) -> String {
         match self {
-            EngineError::Etcd(e) => format!("{:?}", e.fault),
+            EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),
             EngineError::Fence(f) => f.reason().to_owned(),
             EngineError::Refused { reason, .. } => (*reason).to_owned(),
-            EngineError::RestartGenesis(r) | EngineError::Resync(r) => (*r).to_owned(),
+            EngineError::RestartGenesis(r) | EngineError::Resync(r) | EngineError::Reconnect(r) => {
+                (*r).to_owned()
+            }
         }
     }
 }
@@ -171,13 +179,15 @@ impl Engine {
     /// Adopts a reloaded config if one arrived and was not yet adopted.
     fn take_reload(&mut self) {
         if self.reload.as_ref().is_some_and(|rx| rx.has_changed().unwrap_or(false)) {
-            self.adopt_reload();
+            // A standby's only connection is re-made on its next loop; nothing to do here.
+            let _ = self.adopt_reload();
         }
     }
 
-    /// Adopts the latest reloaded config.
-    fn adopt_reload(&mut self) {
-        let Some(rx) = self.reload.as_mut() else { return };
+    /// Adopts the latest reloaded config; true when it changed how a side is reached
+    /// (endpoints, TLS, auth), which takes a reconnect.
+    fn adopt_reload(&mut self) -> bool {
+        let Some(rx) = self.reload.as_mut() else { return false };
         let new = rx.borrow_and_update().clone();
         info!(
             epoch = new.epoch,
@@ -186,7 +196,12 @@ impl Engine {
             "config reloaded"
         );
         self.update(|s| s.epoch = new.epoch as u64);
+        let reach = |c: &Config| {
+            [&c.source, &c.target].map(|side| (side.endpoints.clone(), side.tls.clone(), side.auth.clone()))
+        };
+        let reconnect = reach(&self.cfg) != reach(&new);
         self.cfg = new;
+        reconnect
     }
 
     /// Observes apply latency and batch size into `metrics`.
@@ -233,6 +248,10 @@ impl Engine {
             pending = Pending::Resume;
             let err = match result {
                 Ok(()) => return,
+                Err(EngineError::Reconnect(why)) => {
+                    info!(why, "reconnecting both sides with the current settings and files");
+                    continue;
+                }
                 Err(e) => e,
             };
             let class = err.class();
@@ -289,7 +308,7 @@ impl Engine {
                     return;
                 }
                 _ => {
-                    warn!(class = %class, "{err}; retrying in {backoff:?}");
+                    warn!(class = %class, reason = %err.reason(), "{err}; retrying in {backoff:?}");
                     // Never connected yet: still connecting (not ready). Lost a working link:
                     // degraded (ready, and saying so) while it reconnects.
                     if self.ever_connected {
@@ -381,18 +400,33 @@ impl Engine {
         }
     }
 
+    /// A TLS failure before the link ever worked is a wrong config: permanent, named. After it
+    /// worked, the same failure is more likely a rotation in progress and is retried.
+    fn refuse_tls_at_start(&self, e: EtcdError) -> EngineError {
+        match e.fault {
+            Fault::TlsConfig | Fault::TlsRejected if !self.ever_connected => EngineError::Refused {
+                reason: if e.fault == Fault::TlsConfig { "TlsConfig" } else { "TlsRejected" },
+                message: format!("{} on {}: {}", e.op, e.side, e.source),
+            },
+            _ => e.into(),
+        }
+    }
+
     async fn connect_and_run(&mut self, pending: Pending) -> Result<(), EngineError> {
         if !self.ever_connected {
             self.set_phase(Phase::Connecting);
         }
+        // Taken before the files are read, so a rotation racing the connect is seen next check.
+        let tls_files = tls_fingerprint(&self.cfg);
         let sync = &self.cfg.sync;
         let source_members = probe_members(Side::Source, &self.cfg.source, sync).await;
         self.update(|s| reachability(s, "SourceReachable", &source_members));
-        let source_members = source_members?;
+        let source_members = source_members.map_err(|e| self.refuse_tls_at_start(e))?;
         let target_members = probe_members(Side::Target, &self.cfg.target, sync).await;
         self.update(|s| reachability(s, "TargetReachable", &target_members));
-        let target_members = target_members?;
+        let target_members = target_members.map_err(|e| self.refuse_tls_at_start(e))?;
         self.ever_connected = true;
+        let expiry = (tls_expiry(&self.cfg.source), tls_expiry(&self.cfg.target));
         let (source_info, source_cluster) = side_status(Side::Source, &source_members)?;
         let (target_info, target_cluster) = side_status(Side::Target, &target_members)?;
         let learner = source_info.learner || target_info.learner;
@@ -402,8 +436,8 @@ impl Engine {
             TrustProgressNotify::Auto => progress_notify_trustworthy(&source_info.version),
         };
         self.update(|s| {
-            s.source = source_info.clone();
-            s.target = target_info.clone();
+            s.source = SideStatus { tls_cert_expiry: expiry.0, ..source_info.clone() };
+            s.target = SideStatus { tls_cert_expiry: expiry.1, ..target_info.clone() };
             s.set_condition("LearnerEndpoint", learner, "Probe", "an endpoint is a learner");
         });
         if source_cluster == target_cluster {
@@ -429,6 +463,7 @@ impl Engine {
             writer: None,
             watch: None,
             drain_target: None,
+            tls_files,
         };
         run.start(pending).await
     }
@@ -448,6 +483,8 @@ struct Run<'e> {
     watch: Option<Watch>,
     /// Drain mode: the source revision the watermark must reach before verification.
     drain_target: Option<i64>,
+    /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
+    tls_files: Option<Vec<[u8; 32]>>,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is
@@ -1054,6 +1091,7 @@ impl Run<'_> {
         let interval = self.cfg().reconcile.interval.get();
         let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
+        let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -1069,9 +1107,17 @@ impl Run<'_> {
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
-                    self.engine.adopt_reload();
+                    if self.engine.adopt_reload() {
+                        return Err(EngineError::Reconnect("ConnectionSettingsReloaded"));
+                    }
                     let interval = self.cfg().reconcile.interval.get();
                     next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+                    continue;
+                }
+                _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
+                    if tls_fingerprint(self.cfg()) != self.tls_files {
+                        return Err(EngineError::Reconnect("TlsFilesChanged"));
+                    }
                     continue;
                 }
                 _ = fence_check.tick() => {
@@ -1353,11 +1399,21 @@ impl Run<'_> {
                     delay = (delay * 2).min(cfg.backoff.max.get());
                 }
                 ErrorClass::Transient => {
+                    // Retrying on this client cannot pick up new TLS files: only a reconnect
+                    // reads them. The batch is not lost: nothing past the watermark landed.
+                    if err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files {
+                        return Err(EngineError::Reconnect("TlsRejectedOrFilesChanged"));
+                    }
                     if rounds == 3 {
                         warn!("target unavailable for 3 rounds: {err}");
                         self.engine.set_phase(Phase::Degraded);
                         self.engine.update(|s| {
-                            s.set_condition("TargetReachable", false, "Unavailable", err.to_string())
+                            s.set_condition(
+                                "TargetReachable",
+                                false,
+                                &format!("{:?}", err.fault),
+                                err.to_string(),
+                            )
                         });
                     }
                     delay = (delay * 2).min(cfg.backoff.max.get());
@@ -1427,6 +1483,21 @@ async fn forward(
     }
 }
 
+/// Digests of both sides' TLS files; `None` without TLS.
+fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
+    let sides: Vec<[u8; 32]> = [&cfg.source, &cfg.target]
+        .iter()
+        .filter_map(|s| s.tls.as_ref())
+        .map(mirror_core::tls::fingerprint)
+        .collect();
+    (!sides.is_empty()).then_some(sides)
+}
+
+/// The expiry of the side's CA bundle and client certificate, as loaded by this connect.
+fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpiry> {
+    side.tls.as_ref().map(mirror_core::tls::expiry).unwrap_or_default()
+}
+
 fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), EngineError> {
     let mut lowest: Option<(u32, u32, u32)> = None;
     let mut version = String::new();
@@ -1454,7 +1525,12 @@ fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), 
         });
     }
     Ok((
-        SideStatus { version, cluster_id: cluster.to_string(), learner: members.iter().any(|m| m.learner) },
+        SideStatus {
+            version,
+            cluster_id: cluster.to_string(),
+            learner: members.iter().any(|m| m.learner),
+            tls_cert_expiry: Vec::new(),
+        },
         cluster,
     ))
 }

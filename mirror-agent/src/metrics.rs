@@ -162,6 +162,20 @@ impl Collector for StatusCollector {
                 ("target".into(), s.target_keys.map_or(-1, |n| n as i64)),
             ],
         )?;
+        {
+            let mut family = e.encode_descriptor(
+                "tls_cert_expiry_timestamp_seconds",
+                "notAfter of the TLS CA bundle and client certificate loaded at the last connect",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (side, info) in [("source", &s.source), ("target", &s.target)] {
+                for cert in &info.tls_cert_expiry {
+                    let labels = [("side", side), ("kind", cert.kind.as_str())];
+                    ConstGauge::new(cert.not_after).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
         let phases: Vec<(String, i64)> =
             Phase::ALL.iter().map(|p| (p.as_str().to_owned(), i64::from(*p == s.phase))).collect();
         labelled_gauges(&mut e, "phase", "1 for the current phase", "phase", &phases)?;

@@ -10,9 +10,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
+use tonic::transport::Endpoint;
 
 use crate::config::{Side as SideConfig, SyncSection};
-use crate::error::{EtcdError, Side};
+use crate::error::{EtcdError, Fault, Side};
+use crate::tls::TlsMaterial;
 
 /// HTTP/2 ping interval and the time an unanswered ping may take before the connection is
 /// declared dead: a hung server is noticed within about four seconds.
@@ -42,22 +44,74 @@ pub fn connect_options(dial_timeout: Duration) -> ConnectOptions {
         .with_require_leader(true)
 }
 
-/// Connects to a side with keepalive and require-leader set, authenticating as the configured
-/// user (the client refreshes an expired token by itself).
-///
-/// TLS is not wired yet: a side configured with it is refused here with a permanent error
-/// rather than silently connected in plaintext.
+/// Connects to a side with keepalive and require-leader set, over TLS when the side has a `tls`
+/// block (material read from disk now, see [`crate::tls`]), authenticating as the configured
+/// user (the client refreshes an expired token by itself). The connection is lazy: a server
+/// that is down or refuses the handshake shows at the first call; [`probe_members`] dials
+/// eagerly to tell those apart.
 pub async fn connect(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result<Client, EtcdError> {
-    let refuse = |msg: String| EtcdError::new("connect", side, etcd_client::Error::InvalidArgs(msg));
-    if cfg.tls.is_some() {
-        return Err(refuse(format!("{side}: TLS is not supported by this build yet")));
-    }
-    let mut opts = connect_options(sync.dial_timeout.get());
+    let tls = load_tls(side, cfg)?;
+    let endpoints = cfg
+        .endpoints
+        .iter()
+        .map(|url| endpoint(side, url, tls.as_ref(), sync.dial_timeout.get()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let channel = tonic::transport::Channel::balance_list(endpoints.into_iter());
+    client(side, cfg, channel).await
+}
+
+/// Wraps a channel into a client with require-leader and the side's credentials.
+async fn client(
+    side: Side,
+    cfg: &SideConfig,
+    channel: tonic::transport::Channel,
+) -> Result<Client, EtcdError> {
+    let mut opts = ConnectOptions::new().with_require_leader(true);
     if let Some(auth) = &cfg.auth {
-        let password = read_password(auth).map_err(|msg| refuse(format!("{side}.auth: {msg}")))?;
+        let password = read_password(auth).map_err(|msg| {
+            EtcdError::new("connect", side, etcd_client::Error::InvalidArgs(format!("{side}.auth: {msg}")))
+        })?;
         opts = opts.with_user(auth.username.clone(), password).with_auto_token_refresh(true);
     }
-    Client::connect(&cfg.endpoints, Some(opts)).await.map_err(|e| EtcdError::new("connect", side, e))
+    Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts))
+        .await
+        .map_err(|e| EtcdError::new("connect", side, e))
+}
+
+/// Reads the side's TLS files; an unusable file is a `TlsConfig` fault naming its field.
+fn load_tls(side: Side, cfg: &SideConfig) -> Result<Option<TlsMaterial>, EtcdError> {
+    let Some(tls) = &cfg.tls else { return Ok(None) };
+    crate::tls::load(side, tls).map(Some).map_err(|e| EtcdError {
+        op: "connect",
+        side,
+        fault: Fault::TlsConfig,
+        source: etcd_client::Error::InvalidArgs(e.to_string()),
+    })
+}
+
+/// One member's endpoint with the agent's keepalive and dial timeout, TLS for `https://`. The
+/// config check already refused mixed schemes and https without a tls block.
+fn endpoint(
+    side: Side,
+    url: &str,
+    tls: Option<&TlsMaterial>,
+    dial_timeout: Duration,
+) -> Result<Endpoint, EtcdError> {
+    let invalid = |msg: String| EtcdError::new("connect", side, etcd_client::Error::InvalidArgs(msg));
+    let mut endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| invalid(format!("{side} endpoint {url}: {e}")))?
+        .keep_alive_while_idle(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .connect_timeout(dial_timeout);
+    if let Some(tls) = tls {
+        endpoint = match &tls.verifier {
+            Some(verifier) => endpoint.tls_config_with_verifier(tls.options.clone(), verifier.clone()),
+            None => endpoint.tls_config(tls.options.clone()),
+        }
+        .map_err(|e| invalid(format!("{side} endpoint {url}: TLS settings refused: {e}")))?;
+    }
+    Ok(endpoint)
 }
 
 /// The password of `auth`, from its file (one trailing newline dropped) or environment variable.
@@ -84,19 +138,52 @@ pub async fn probe_members(
     cfg: &SideConfig,
     sync: &SyncSection,
 ) -> Result<Vec<MemberInfo>, EtcdError> {
+    let tls = load_tls(side, cfg)?;
     let mut out = Vec::with_capacity(cfg.endpoints.len());
-    for endpoint in &cfg.endpoints {
-        let one = SideConfig { endpoints: vec![endpoint.clone()], ..cfg.clone() };
-        let mut client = connect(side, &one, sync).await?;
+    for url in &cfg.endpoints {
+        let channel = endpoint(side, url, tls.as_ref(), sync.dial_timeout.get())?
+            .connect()
+            .await
+            .map_err(|e| dial_error(side, url, e))?;
+        let mut client = client(side, cfg, channel).await?;
         let status = unary("status", side, sync.request_timeout.get(), client.status()).await?;
         out.push(MemberInfo {
-            endpoint: endpoint.clone(),
+            endpoint: url.clone(),
             version: status.version().to_owned(),
             cluster_id: status.header().map_or(0, |h| h.cluster_id()),
             learner: status.is_learner(),
         });
     }
     Ok(out)
+}
+
+/// A failed dial, with the TLS reason and what to check spelled out when the handshake was
+/// refused (the transport error's own text is only "transport error").
+fn dial_error(side: Side, url: &str, e: tonic::transport::Error) -> EtcdError {
+    let (fault, message) = match crate::tls::rejection(&e) {
+        Some(tls) => (
+            Fault::TlsRejected,
+            format!("{side} endpoint {url}: TLS handshake refused: {tls} ({})", crate::tls::hint(side, tls)),
+        ),
+        None => {
+            let mut chain = Vec::<String>::new();
+            let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(err) = next {
+                let text = err.to_string();
+                if !chain.last().is_some_and(|prev| prev.contains(&text)) {
+                    chain.push(text);
+                }
+                next = err.source();
+            }
+            (Fault::Unavailable, format!("{side} endpoint {url}: cannot connect: {}", chain.join(": ")))
+        }
+    };
+    EtcdError {
+        op: "connect",
+        side,
+        fault,
+        source: etcd_client::Error::IoError(std::io::Error::other(message)),
+    }
 }
 
 /// Runs one unary call under a deadline; an expired deadline is a transient timeout.

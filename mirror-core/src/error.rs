@@ -61,6 +61,11 @@ pub enum Fault {
     DuplicateKey,
     /// Wrong user or password.
     AuthFailed,
+    /// A configured TLS file is missing, unreadable or not PEM of the right kind.
+    TlsConfig,
+    /// A TLS handshake was refused: the server's certificate did not verify against the CA
+    /// file (or the server name), or the server refused our client certificate.
+    TlsRejected,
     /// The user lacks a permission.
     PermissionDenied,
     /// The auth token expired or is unknown; the client logs in again.
@@ -90,6 +95,10 @@ impl Fault {
             | Fault::AuthFailed
             | Fault::PermissionDenied
             | Fault::InvalidRequest => ErrorClass::Permanent,
+            // Retried, because a rotation in progress looks the same (files half replaced, the
+            // server already on new certificates); the engine refuses them as permanent when
+            // they happen before the first successful connect, where they mean a wrong config.
+            Fault::TlsConfig | Fault::TlsRejected => ErrorClass::Transient,
             Fault::InvalidToken | Fault::NoLeader | Fault::Unavailable | Fault::Timeout | Fault::Other => {
                 ErrorClass::Transient
             }
@@ -105,7 +114,9 @@ impl Fault {
     pub fn of(err: &etcd_client::Error) -> Fault {
         use etcd_client::Error as E;
         match err {
+            E::GRpcStatus(status) if source_is_tls(status) => Fault::TlsRejected,
             E::GRpcStatus(status) => Fault::of_status(status.code(), status.message()),
+            E::TransportError(e) if crate::tls::is_tls_rejection(e) => Fault::TlsRejected,
             E::TransportError(_) | E::IoError(_) => Fault::Unavailable,
             E::WatchError(msg) => Fault::of_watch_cancel(0, msg),
             E::LeaseKeepAliveError(_) | E::ElectError(_) => Fault::Unavailable,
@@ -163,6 +174,11 @@ impl Fault {
             Fault::Unavailable
         }
     }
+}
+
+/// Whether a gRPC status was made from a TLS failure of the connection under it.
+fn source_is_tls(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some_and(crate::tls::is_tls_rejection)
 }
 
 /// An etcd call that failed, with what the agent was doing and the classified fault.

@@ -12,7 +12,8 @@
 //! - **Errors** ([`Fault`], [`ErrorClass`]): every etcd client error maps to one of the five
 //!   classes of SPEC §5, so callers decide by class, never by string.
 //! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
-//!   through [`unary`].
+//!   through [`unary`]; TLS material read from disk at every connect ([`tls`]), so rotated files
+//!   are used from the next connect on.
 //!
 //! ## What it deliberately does not do
 //! It never writes to etcd and holds no state: fencing lives in `mirror-fence`, the engine in
@@ -23,6 +24,7 @@ mod connect;
 mod error;
 mod keys;
 mod status;
+pub mod tls;
 mod units;
 
 pub use config::{

@@ -61,6 +61,9 @@ pub struct SideStatus {
     pub cluster_id: String,
     /// Whether any endpoint is a learner.
     pub learner: bool,
+    /// Expiry of the TLS material loaded at the last connect (`ca`, `client`); empty without TLS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_cert_expiry: Vec<crate::tls::CertExpiry>,
 }
 
 /// Progress of the genesis scan.

@@ -1,0 +1,281 @@
+//! TLS material of one side: read from disk on every connect, checked before use, and the
+//! expiry of what was loaded.
+//!
+//! Nothing is cached between connects, so certificates and CA bundles replaced on disk are used
+//! from the next connect on. The agent connects afresh after every lost connection and when
+//! [`fingerprint`] shows the files changed (it checks every few seconds while tailing), so a
+//! rotation takes effect within seconds and needs no restart. A TLS session that is already up
+//! keeps the material it was established with; TLS never re-checks a live session.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use etcd_client::{Certificate, Identity, TlsOptions};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use x509_cert::der::Decode;
+
+use crate::config::Tls;
+use crate::error::Side;
+
+/// What a connect needs: the tonic TLS settings and, only with an acknowledged
+/// `insecure_skip_verify`, a verifier that accepts any server certificate.
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    /// CA roots, client identity and server name.
+    pub options: TlsOptions,
+    /// Set only for `insecure_skip_verify`.
+    pub verifier: Option<Arc<dyn ServerCertVerifier>>,
+}
+
+/// A file that could not be used, named by its config field.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TlsFileError {
+    /// E.g. `target.tls.ca_file`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// The expiry of one loaded certificate, for `etcd_mirror_tls_cert_expiry_timestamp_seconds`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CertExpiry {
+    /// `ca` or `client`.
+    pub kind: String,
+    /// The earliest `notAfter` among the certificates of the file, Unix seconds.
+    pub not_after: i64,
+}
+
+/// Reads and checks the files of `tls`. Errors name the field and the path, never key material.
+pub fn load(side: Side, tls: &Tls) -> Result<TlsMaterial, TlsFileError> {
+    let mut options = TlsOptions::new();
+    if !tls.server_name.is_empty() {
+        options = options.domain_name(tls.server_name.clone());
+    }
+    match &tls.ca_file {
+        // Skip-verify replaces the verifier; tonic refuses roots next to it.
+        _ if tls.insecure_skip_verify => {}
+        Some(path) => {
+            let pem = read_certificates(side, "ca_file", path)?.0;
+            options = options.ca_certificate(Certificate::from_pem(pem));
+        }
+        None => options = options.with_native_roots(),
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        let cert_pem = read_certificates(side, "cert_file", cert)?.0;
+        let key_pem = read(side, "key_file", key)?;
+        if PrivateKeyDer::from_pem_slice(&key_pem).is_err() {
+            return Err(field_error(side, "key_file", format!("{} holds no PEM private key", key.display())));
+        }
+        options = options.identity(Identity::from_pem(cert_pem, key_pem));
+    }
+    let verifier: Option<Arc<dyn ServerCertVerifier>> = if tls.insecure_skip_verify {
+        let provider = rustls::crypto::ring::default_provider();
+        Some(Arc::new(AcceptAnyServerCert { algorithms: provider.signature_verification_algorithms }))
+    } else {
+        None
+    };
+    Ok(TlsMaterial { options, verifier })
+}
+
+/// The expiry of the CA bundle and the client certificate configured in `tls`, as on disk now.
+/// Files that cannot be read or parsed are left out (the connect reports them).
+pub fn expiry(tls: &Tls) -> Vec<CertExpiry> {
+    let mut out = Vec::new();
+    for (kind, path) in [("ca", &tls.ca_file), ("client", &tls.cert_file)] {
+        let Some(path) = path else { continue };
+        let Ok(pem) = std::fs::read(path) else { continue };
+        if let Some(not_after) = earliest_not_after(&pem) {
+            out.push(CertExpiry { kind: kind.to_owned(), not_after });
+        }
+    }
+    out
+}
+
+/// A digest of the paths and contents of the files `tls` names, to notice a rotation on disk
+/// without keeping any material in memory. A missing file digests differently from any content.
+pub fn fingerprint(tls: &Tls) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for path in [&tls.ca_file, &tls.cert_file, &tls.key_file] {
+        match path {
+            Some(path) => {
+                h.update(path.as_os_str().as_encoded_bytes());
+                match std::fs::read(path) {
+                    Ok(bytes) => {
+                        h.update([1]);
+                        h.update((bytes.len() as u64).to_le_bytes());
+                        h.update(bytes);
+                    }
+                    Err(_) => h.update([2]),
+                }
+            }
+            None => h.update([0]),
+        }
+    }
+    h.finalize().into()
+}
+
+/// The earliest `notAfter` of the PEM certificates in `pem`, Unix seconds.
+pub fn earliest_not_after(pem: &[u8]) -> Option<i64> {
+    CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .filter_map(|der| x509_cert::Certificate::from_der(der.as_ref()).ok())
+        .map(|cert| cert.tbs_certificate.validity.not_after.to_unix_duration().as_secs() as i64)
+        .min()
+}
+
+fn field_error(side: Side, field: &str, message: String) -> TlsFileError {
+    TlsFileError { field: format!("{side}.tls.{field}"), message }
+}
+
+fn read(side: Side, field: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|e| field_error(side, field, format!("cannot read {}: {e}", path.display())))
+}
+
+/// Reads a PEM file that must hold at least one well-formed certificate.
+fn read_certificates(side: Side, field: &str, path: &Path) -> Result<(Vec<u8>, usize), TlsFileError> {
+    let pem = read(side, field, path)?;
+    let mut n = 0;
+    for der in CertificateDer::pem_slice_iter(&pem) {
+        let der = der.map_err(|e| field_error(side, field, format!("{}: bad PEM: {e}", path.display())))?;
+        x509_cert::Certificate::from_der(der.as_ref()).map_err(|e| {
+            field_error(
+                side,
+                field,
+                format!("{}: certificate {} is not valid X.509: {e}", path.display(), n + 1),
+            )
+        })?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(field_error(side, field, format!("{} holds no PEM certificate", path.display())));
+    }
+    Ok((pem, n))
+}
+
+/// `insecure_skip_verify`: any server certificate is accepted, for any name. The handshake
+/// signatures are still checked, so the peer at least holds the key of the certificate it shows.
+#[derive(Debug)]
+struct AcceptAnyServerCert {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for AcceptAnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// Whether a connect error (or anything in its source chain) is a TLS rejection: a certificate
+/// the client refused, or an alert the server sent about ours.
+pub fn is_tls_rejection(err: &(dyn std::error::Error + 'static)) -> bool {
+    rejection(err).is_some()
+}
+
+/// The rustls error in `err`'s source chain, looking inside I/O errors too (their `source()`
+/// skips the error they wrap).
+pub fn rejection<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .and_then(|i| i.downcast_ref())
+        {
+            return Some(tls);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// What an operator should check for a TLS rejection, naming the config field.
+pub fn hint(side: Side, err: &rustls::Error) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C};
+    match err {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            format!("the server's certificate is not signed by a CA in {side}.tls.ca_file")
+        }
+        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => format!(
+            "the server's certificate is not valid for the name checked: {side}.tls.server_name, or the endpoint's host when that is empty"
+        ),
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "the server's certificate has expired".to_owned()
+        }
+        rustls::Error::AlertReceived(
+            A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateRequired
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::AccessDenied,
+        ) => format!(
+            "the server refused our client certificate; check {side}.tls.cert_file against the server's --trusted-ca-file"
+        ),
+        _ => format!("check the files of [{side}.tls]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file without a certificate is refused, naming the field and the path.
+    #[test]
+    fn unusable_files_name_their_field() {
+        let dir = std::env::temp_dir().join(format!("mirror-core-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let tls = Tls { ca_file: Some(junk.clone()), ..Tls::default() };
+        let err = load(Side::Target, &tls).unwrap_err();
+        assert_eq!(err.field, "target.tls.ca_file");
+        assert!(err.message.contains("holds no PEM certificate"), "{err}");
+
+        let missing = Tls { ca_file: Some(dir.join("missing.pem")), ..Tls::default() };
+        let err = load(Side::Source, &missing).unwrap_err();
+        assert_eq!(err.field, "source.tls.ca_file");
+        assert!(err.message.contains("cannot read"), "{err}");
+        assert!(expiry(&missing).is_empty());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

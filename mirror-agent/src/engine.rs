@@ -240,6 +240,7 @@ impl Engine {
     pub async fn run(mut self) {
         let mut pending = Pending::Resume;
         let mut backoff = self.cfg.sync.backoff.initial.get();
+        let mut last_reconnect: Option<Instant> = None;
         loop {
             if self.shutdown.is_cancelled() {
                 return;
@@ -250,6 +251,15 @@ impl Engine {
                 Ok(()) => return,
                 Err(EngineError::Reconnect(why)) => {
                     info!(why, "reconnecting both sides with the current settings and files");
+                    // Immediate once; a reconnect that asks for another within seconds (a
+                    // server that takes the handshake but then refuses) waits the initial backoff.
+                    if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
+                        tokio::select! {
+                            _ = self.shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(self.cfg.sync.backoff.initial.get()) => {}
+                        }
+                    }
+                    last_reconnect = Some(Instant::now());
                     continue;
                 }
                 Err(e) => e,

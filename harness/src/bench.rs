@@ -6,6 +6,7 @@
 //! - the agent's initial sync keys/s, as a ratio of that ceiling;
 //! - `etcdctl make-mirror` initial sync keys/s (3.5.1's etcdctl), where present;
 //! - tail lag p50/p99 at a fixed write rate (source put acknowledged → visible in the target);
+//! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
 //! - the agent's peak RSS.
 
 use std::collections::HashMap;
@@ -50,7 +51,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<()> {
     let cfg = AgentConfig::new("bench", source.endpoints(), target.endpoints(), "/bench/")
         .with("[sync]\nprogress_interval = \"1s\"");
     let started = Instant::now();
-    let agent = AgentProcess::start(&cfg).await?;
+    let mut agent = AgentProcess::start(&cfg).await?;
     agent.wait_for("initial sync", Duration::from_secs(600), |s| s.condition("InitialSyncComplete")).await?;
     let agent_rate = plan.keys as f64 / started.elapsed().as_secs_f64();
     println!(
@@ -76,6 +77,17 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<()> {
         plan.tail_rate,
         p50.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3
+    );
+    // A reload that sets a short reconcile interval starts a pass one second later.
+    agent.reload(cfg.clone().with("[reconcile]\ninterval = \"1s\""))?;
+    let status =
+        agent.wait_for("a reconcile pass", Duration::from_secs(600), |s| s.last_reconcile.is_some()).await?;
+    let pass = status.last_reconcile.unwrap_or_default();
+    let pass_rate = pass.keys_compared as f64 / pass.duration_seconds.max(1e-9);
+    println!(
+        "reconcile pass ({} keys, both sides read):   {pass_rate:>10.0} keys/s   ({:.2} x ceiling)",
+        pass.keys_compared,
+        pass_rate / ceiling
     );
     match agent.peak_rss_bytes() {
         Some(b) => println!(

@@ -47,6 +47,9 @@ use tracing::{error, info, warn};
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
 /// Txns per scan cycle; the last one of each carries the checkpoint.
 const SCAN_CYCLE_TXNS: usize = 16;
+/// Pages the scan reader may fetch ahead of the writer: at least one cycle's worth at the
+/// default page and Txn sizes, so a cycle never waits on reads it could have overlapped.
+const SCAN_READ_AHEAD_PAGES: usize = 8;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -725,8 +728,9 @@ impl Run<'_> {
             cfg.request_timeout.get(),
         )
         .resume_after(&cursor);
-        // One page ahead: bounded, so memory stays O(page bytes).
-        let (tx, mut pages) = tokio::sync::mpsc::channel(1);
+        // A few pages ahead, so the next cycle's pages are read while this one is written;
+        // bounded, so memory stays O(page bytes).
+        let (tx, mut pages) = tokio::sync::mpsc::channel(SCAN_READ_AHEAD_PAGES);
         let reader = tokio::spawn(async move {
             loop {
                 let page = scanner.next_page().await;
@@ -999,6 +1003,7 @@ impl Run<'_> {
     /// one status update. A fence bump surfaces as a `FenceError` from the first repair after it
     /// and aborts the pass with nothing more written.
     async fn reconcile_pass(&mut self, delete_orphans: bool) -> Result<(), EngineError> {
+        let started = Instant::now();
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
         let mut differ = self.differ_at_watermark();
@@ -1063,6 +1068,8 @@ impl Run<'_> {
                 divergent: c.divergent,
                 orphan: c.orphan,
                 repaired,
+                keys_compared: c.source_keys,
+                duration_seconds: started.elapsed().as_secs_f64(),
             });
             s.set_condition(
                 "DriftDetected",

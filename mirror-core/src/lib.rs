@@ -24,6 +24,7 @@ mod connect;
 mod error;
 mod keys;
 mod status;
+mod stride;
 pub mod tls;
 mod units;
 
@@ -41,4 +42,5 @@ pub use status::{
     now_rfc3339, Condition, CutoverStatus, ForcedResyncs, InitialSyncStatus, LastError, LastReconcile, Phase,
     SideStatus, Status,
 };
+pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

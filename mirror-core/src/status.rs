@@ -103,6 +103,12 @@ pub struct LastReconcile {
     pub orphan: u64,
     /// Keys repaired or deleted.
     pub repaired: u64,
+    /// Source keys compared (the pass reads the whole range of both sides).
+    #[serde(default)]
+    pub keys_compared: u64,
+    /// How long the pass took, repairs included.
+    #[serde(default)]
+    pub duration_seconds: f64,
 }
 
 /// The cutover record (drain mode).

@@ -17,6 +17,8 @@
 //! - **Fingerprints.** [`Counts::source_digest`] and [`Counts::target_digest`] are SHA-256 over
 //!   the ordered (target key, value) pairs of each side, length-prefixed, so equal digests mean
 //!   equal ranges.
+//! - **Linear reads.** Pages ask for bounded key windows ([`mirror_core::Stride`]), so etcd's
+//!   per-request count walk stays near the page size and a pass is linear in the keys.
 //!
 //! ## What it deliberately does not do
 //! It never writes: repairs are returned as [`Difference`]s for the agent to commit through its
@@ -25,8 +27,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, KvClient};
-use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side};
+use etcd_client::{GetOptions, KeyValue, KvClient};
+use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side, Stride};
 use sha2::{Digest, Sha256};
 
 /// One key/value read from a side, its key in *target* form.
@@ -47,6 +49,8 @@ pub struct RangeReader {
     windows: Vec<KeyRange>,
     window: usize,
     next_key: Vec<u8>,
+    /// Bounds each page's range so etcd's count walk stays near the page size.
+    stride: Stride,
     revision: i64,
     limit: i64,
     timeout: Duration,
@@ -65,12 +69,14 @@ impl RangeReader {
         timeout: Duration,
     ) -> Self {
         let next_key = windows.first().map(|w| w.start.clone()).unwrap_or_default();
+        let stride = Stride::for_window(windows.first());
         RangeReader {
             kv,
             side,
             windows,
             window: 0,
             next_key,
+            stride,
             revision,
             limit: limit.max(1),
             timeout,
@@ -88,13 +94,17 @@ impl RangeReader {
             if self.done_window {
                 self.window += 1;
                 self.done_window = false;
+                self.stride = Stride::for_window(self.windows.get(self.window));
                 match self.windows.get(self.window) {
                     Some(w) => self.next_key = w.start.clone(),
                     None => return Ok(None),
                 }
             }
-            let Some(w) = self.windows.get(self.window) else { return Ok(None) };
-            let mut opts = GetOptions::new().with_range(w.end.clone()).with_limit(self.limit);
+            if self.window >= self.windows.len() {
+                return Ok(None);
+            }
+            let end = self.stride.probe_end(&self.next_key);
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(self.limit);
             if self.revision > 0 {
                 opts = opts.with_revision(self.revision);
             }
@@ -106,9 +116,14 @@ impl RangeReader {
             )
             .await?;
             let more = resp.more();
+            let count = resp.count();
             let kvs = resp.take_kvs();
+            let (first, last) = (kvs.first().map(KeyValue::key), kvs.last().map(KeyValue::key));
+            self.stride.learn(first, last, kvs.len(), count, self.limit);
             match kvs.last() {
                 Some(last) if more => self.next_key = [last.key(), &[0u8]].concat(),
+                // The probe is drained but the window goes on past it.
+                _ if !self.stride.is_window_end(&end) => self.next_key = end,
                 _ => self.done_window = true,
             }
             self.page.extend(kvs);

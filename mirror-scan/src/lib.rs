@@ -17,6 +17,9 @@
 //! - Page size adapts: it halves when a page exceeds `page_bytes` and doubles (up to
 //!   `page_key_limit`) when under half, so memory is bounded by about one page (G6).
 //! - [`Scanner::resume_after`] continues strictly after a stored `scan_cursor`.
+//! - Each page asks for a bounded key window ([`Stride`]), so etcd's per-request count walk
+//!   stays near the page size instead of covering the rest of the range: the scan is linear in
+//!   the number of keys, not quadratic.
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: pages are committed under the fence by the agent.
@@ -24,7 +27,7 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, KvClient};
-use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side};
+use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side, Stride};
 
 /// One page of source keys, in key order.
 #[derive(Debug)]
@@ -74,6 +77,7 @@ pub struct Scanner {
     windows: Vec<KeyRange>,
     window: usize,
     next_key: Vec<u8>,
+    stride: Stride,
     limit: i64,
     max_limit: i64,
     page_bytes: usize,
@@ -91,11 +95,13 @@ impl Scanner {
     ) -> Scanner {
         let windows = rewriter.scan_windows();
         let next_key = windows.first().map(|w| w.start.clone()).unwrap_or_default();
+        let stride = Stride::for_window(windows.first());
         Scanner {
             kv,
             windows,
             window: 0,
             next_key,
+            stride,
             limit: page_key_limit.max(1),
             max_limit: page_key_limit.max(1),
             page_bytes: page_bytes.max(1),
@@ -118,6 +124,7 @@ impl Scanner {
         if let Some(w) = self.windows.get(self.window) {
             self.next_key = if after.as_slice() > w.start.as_slice() { after } else { w.start.clone() };
         }
+        self.stride = Stride::for_window(self.windows.get(self.window));
         self
     }
 
@@ -128,8 +135,9 @@ impl Scanner {
 
     /// The next non-empty page, or `None` when the scan is done.
     pub async fn next_page(&mut self) -> Result<Option<Page>, EtcdError> {
-        while let Some(w) = self.windows.get(self.window) {
-            let opts = GetOptions::new().with_range(w.end.clone()).with_limit(self.limit);
+        while self.window < self.windows.len() {
+            let end = self.stride.probe_end(&self.next_key);
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(self.limit);
             let resp = unary(
                 "scan page",
                 Side::Source,
@@ -139,16 +147,27 @@ impl Scanner {
             .await?;
             let more = resp.more();
             let mut resp = resp;
+            let count = resp.count();
             let kvs = resp.take_kvs();
             let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+            self.stride.learn(
+                kvs.first().map(KeyValue::key),
+                kvs.last().map(KeyValue::key),
+                kvs.len(),
+                count,
+                self.limit,
+            );
             self.adapt(bytes);
             match kvs.last() {
                 Some(last) if more => self.next_key = [last.key(), &[0u8]].concat(),
+                // The probe is drained but the window goes on past it.
+                _ if !self.stride.is_window_end(&end) => self.next_key = end,
                 _ => {
                     self.window += 1;
                     if let Some(next) = self.windows.get(self.window) {
                         self.next_key = next.start.clone();
                     }
+                    self.stride = Stride::for_window(self.windows.get(self.window));
                 }
             }
             if !kvs.is_empty() {

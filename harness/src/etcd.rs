@@ -226,10 +226,7 @@ impl Node {
 
     /// The `[tls]` block a client of this member needs (the PKI's CA and client certificate).
     pub fn client_tls(&self) -> Option<mirror_core::Tls> {
-        self.plan
-            .tls
-            .as_ref()
-            .map(|dir| Pki { dir: dir.clone(), name: String::new(), client_not_after: 0 }.client_tls())
+        self.plan.tls.as_deref().map(pki::client_tls_in)
     }
 
     /// Everything the member logged so far (stdout and stderr).

@@ -101,12 +101,7 @@ impl Pki {
 
     /// The client side's `[tls]` block: this CA, the client certificate and key.
     pub fn client_tls(&self) -> mirror_core::Tls {
-        mirror_core::Tls {
-            ca_file: Some(self.path(CA)),
-            cert_file: Some(self.path(CLIENT_CERT)),
-            key_file: Some(self.path(CLIENT_KEY)),
-            ..mirror_core::Tls::default()
-        }
+        client_tls_in(&self.dir)
     }
 
     /// The `[SIDE.tls]` section of an agent config using this PKI's client files.
@@ -126,6 +121,16 @@ impl Pki {
             replace(into, file, &std::fs::read(self.path(file))?)?;
         }
         Ok(())
+    }
+}
+
+/// The `[tls]` block of a client using the CA and client files of the PKI directory `dir`.
+pub fn client_tls_in(dir: &Path) -> mirror_core::Tls {
+    mirror_core::Tls {
+        ca_file: Some(dir.join(CA)),
+        cert_file: Some(dir.join(CLIENT_CERT)),
+        key_file: Some(dir.join(CLIENT_KEY)),
+        ..mirror_core::Tls::default()
     }
 }
 

@@ -60,13 +60,13 @@ pub fn load(side: Side, tls: &Tls) -> Result<TlsMaterial, TlsFileError> {
         // Skip-verify replaces the verifier; tonic refuses roots next to it.
         _ if tls.insecure_skip_verify => {}
         Some(path) => {
-            let pem = read_certificates(side, "ca_file", path)?.0;
+            let pem = read_certificates(side, "ca_file", path)?;
             options = options.ca_certificate(Certificate::from_pem(pem));
         }
         None => options = options.with_native_roots(),
     }
     if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
-        let cert_pem = read_certificates(side, "cert_file", cert)?.0;
+        let cert_pem = read_certificates(side, "cert_file", cert)?;
         let key_pem = read(side, "key_file", key)?;
         if PrivateKeyDer::from_pem_slice(&key_pem).is_err() {
             return Err(field_error(side, "key_file", format!("{} holds no PEM private key", key.display())));
@@ -138,7 +138,7 @@ fn read(side: Side, field: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
 }
 
 /// Reads a PEM file that must hold at least one well-formed certificate.
-fn read_certificates(side: Side, field: &str, path: &Path) -> Result<(Vec<u8>, usize), TlsFileError> {
+fn read_certificates(side: Side, field: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
     let pem = read(side, field, path)?;
     let mut n = 0;
     for der in CertificateDer::pem_slice_iter(&pem) {
@@ -155,7 +155,7 @@ fn read_certificates(side: Side, field: &str, path: &Path) -> Result<(Vec<u8>, u
     if n == 0 {
         return Err(field_error(side, field, format!("{} holds no PEM certificate", path.display())));
     }
-    Ok((pem, n))
+    Ok(pem)
 }
 
 /// `insecure_skip_verify`: any server certificate is accepted, for any name. The handshake

@@ -408,11 +408,8 @@ impl EtcdCluster {
     /// A client to every member, with the agent's keepalive settings (and the PKI's client
     /// certificate on a TLS cluster).
     pub async fn client(&self) -> anyhow::Result<Client> {
-        if let Some(tls) = self.nodes.first().and_then(Node::client_tls) {
-            return Ok(tls_client(&self.endpoints(), &tls, Duration::from_secs(5)).await?);
-        }
-        Ok(Client::connect(self.endpoints(), Some(mirror_core::connect_options(Duration::from_secs(5))))
-            .await?)
+        let tls = self.nodes.first().and_then(Node::client_tls);
+        Ok(agent_client(&self.endpoints(), tls.as_ref(), Duration::from_secs(5)).await?)
     }
 
     /// A fault proxy in front of every member; the agent dials `proxies.endpoints()`.
@@ -445,16 +442,17 @@ impl Proxies {
     }
 }
 
-/// A client over TLS through mirror-core's connect (the path the agent takes).
-async fn tls_client(
+/// A client through mirror-core's connect, the path the agent takes (keepalive, require-leader,
+/// TLS with `tls`).
+pub async fn agent_client(
     endpoints: &[String],
-    tls: &mirror_core::Tls,
+    tls: Option<&mirror_core::Tls>,
     dial_timeout: Duration,
 ) -> Result<Client, mirror_core::EtcdError> {
     let side = mirror_core::SideConfig {
         endpoints: endpoints.to_vec(),
         prefix: String::new(),
-        tls: Some(tls.clone()),
+        tls: tls.cloned(),
         auth: None,
     };
     let sync = mirror_core::SyncSection {
@@ -474,12 +472,7 @@ pub async fn wait_serving(
     let mut last = String::from("no attempt");
     while tokio::time::Instant::now() < deadline {
         let attempt = async {
-            let opts =
-                mirror_core::connect_options(Duration::from_secs(2)).with_timeout(Duration::from_secs(2));
-            let mut c = match tls {
-                Some(tls) => tls_client(endpoints, tls, Duration::from_secs(2)).await?,
-                None => Client::connect(endpoints, Some(opts)).await?,
-            };
+            let mut c = agent_client(endpoints, tls, Duration::from_secs(2)).await?;
             c.get("/__harness_probe", None).await?;
             anyhow::Ok(())
         };

@@ -35,7 +35,8 @@ pub use agent::{agent_binary, agent_command, AgentConfig, AgentProcess};
 pub use check::{check_g3, read_window, G3};
 pub use container::LABEL as CONTAINER_LABEL;
 pub use etcd::{
-    docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion, Node, Proxies,
+    agent_client, docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion,
+    Node, Proxies,
 };
 pub use load::load_keys;
 pub use ports::free_ports;

@@ -151,8 +151,7 @@ async fn network_cut_and_heal(#[case] backend: Backend) {
     require_docker(backend);
     let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).backend(backend)).await.unwrap();
     let proxies = cluster.proxies().await.unwrap();
-    let opts = mirror_core::connect_options(Duration::from_secs(2));
-    let mut client = Client::connect(proxies.endpoints(), Some(opts)).await.unwrap();
+    let mut client = harness::agent_client(&proxies.endpoints(), None, Duration::from_secs(2)).await.unwrap();
     put_get(&mut client, "/cut/a", "1").await.unwrap();
 
     proxies.cut();

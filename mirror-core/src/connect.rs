@@ -35,15 +35,6 @@ pub struct MemberInfo {
     pub learner: bool,
 }
 
-/// Client options shared by every connection of the agent and the harness.
-pub fn connect_options(dial_timeout: Duration) -> ConnectOptions {
-    ConnectOptions::new()
-        .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
-        .with_keep_alive_while_idle(true)
-        .with_connect_timeout(dial_timeout)
-        .with_require_leader(true)
-}
-
 /// Connects to a side with keepalive and require-leader set, over TLS when the side has a `tls`
 /// block (material read from disk now, see [`crate::tls`]), authenticating as the configured
 /// user (the client refreshes an expired token by itself). The connection is lazy: a server

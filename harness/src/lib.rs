@@ -38,6 +38,6 @@ pub use etcd::{
     agent_client, docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion,
     Node, Proxies,
 };
-pub use load::load_keys;
+pub use load::{load_keys, Churn, ChurnReport};
 pub use ports::free_ports;
 pub use proxy::FaultProxy;

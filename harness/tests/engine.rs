@@ -340,32 +340,61 @@ async fn fence_overlap_rejects_stale_writer() {
     assert_eq!(dst.get(cp, None).await.unwrap().kvs()[0].mod_revision(), rev);
 }
 
-/// A revision with more ops than the target's --max-txn-ops fails permanently, key redacted,
-/// nothing of it applied; earlier revisions landed.
+/// A revision whose bytes exceed the target's request limit fails permanently, key redacted,
+/// revision, op count and bytes named, nothing of it applied; earlier revisions landed.
 #[tokio::test]
 async fn oversized_revision_fails_permanently_unapplied() {
     let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=8")).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-request-bytes=65536"))
+        .await
+        .unwrap();
     let mut src = source.client().await.unwrap();
     let cfg = fast_progress(AgentConfig::new("big", source.endpoints(), target.endpoints(), "/b/"))
-        .with("max_txn_ops = 64");
+        .with("txn_flush_bytes = \"32KiB\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     agent.wait_for("syncing", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing).await.unwrap();
     src.put("/b/small", "1", None).await.unwrap();
-    let ops: Vec<etcd_client::TxnOp> =
-        (0..20).map(|i| etcd_client::TxnOp::put(format!("/b/secret-name-{i:02}"), "v", None)).collect();
-    src.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    let ops: Vec<etcd_client::TxnOp> = (0..20)
+        .map(|i| etcd_client::TxnOp::put(format!("/b/secret-name-{i:02}"), vec![b'v'; 8 << 10], None))
+        .collect();
+    let big = src.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    let revision = big.header().unwrap().revision();
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.unwrap();
     assert_eq!(err.class, "permanent");
     assert_eq!(err.reason, "RevisionTooLarge");
+    assert!(err.message.contains(&format!("source revision {revision} (20 ops")), "{}", err.message);
     assert!(err.message.contains("/b/…"), "key must be shown redacted: {}", err.message);
     assert!(!err.message.contains("secret-name"), "key must not leak: {}", err.message);
     assert!(!agent.log().contains("secret-name"), "logs must not leak the key");
     let mut dst = target.client().await.unwrap();
     assert_eq!(count(&mut dst, "/b/small").await, 1);
     assert_eq!(count(&mut dst, "/b/secret-name-").await, 0, "nothing of the revision may land");
+}
+
+/// `sync.max_txn_ops` set above the target's `--max-txn-ops`: a revision the target refuses for
+/// too many ops per level is laid out deeper and still lands as one target revision.
+#[tokio::test]
+async fn max_txn_ops_above_the_targets_is_laid_out_deeper() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=16")).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    let cfg = fast_progress(AgentConfig::new("deeper", source.endpoints(), target.endpoints(), "/b/"))
+        .with("max_txn_ops = 64");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    let ops: Vec<etcd_client::TxnOp> =
+        (0..40).map(|i| etcd_client::TxnOp::put(format!("/b/k-{i:02}"), "v", None)).collect();
+    src.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    caught_up(&agent, &mut src).await;
+    let mut dst = target.client().await.unwrap();
+    let landed = dst.get("/b/k-", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let revs: std::collections::HashSet<i64> = landed.kvs().iter().map(|kv| kv.mod_revision()).collect();
+    assert_eq!(landed.kvs().len(), 40);
+    assert_eq!(revs.len(), 1, "the revision landed as one target revision");
+    assert!(agent.log().contains("above the target's --max-txn-ops"), "the target never refused");
+    assert!(matches!(g3(&Pair { source, target }, &cfg).await.unwrap(), G3::Holds { .. }));
 }
 
 /// Replaying revisions already applied (the checkpoint rewound, as after an ambiguous commit)

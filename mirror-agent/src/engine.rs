@@ -20,10 +20,37 @@
 //! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
 //! may be missing. Every such difference is a source change at a revision in (R0, scan_end],
 //! and the watch opened at R0 + 1 delivers each of them. Once the replay has applied every
-//! revision up to scan_end (an event beyond it arrived, or a progress response at or beyond it
-//! did), the target equals the source at the watermark. A progress response for scan_end is
-//! safe even on servers whose progress notifications are otherwise untrusted: every revision up
-//! to scan_end was committed and notified before the progress request was sent.
+//! revision up to scan_end, the target equals the source at the watermark.
+//!
+//! ## Why genesis and drain completion do not rest on an untrusted progress reply
+//! "Every revision up to X has been delivered" is proven in one of two ways only:
+//! 1. An *event* above X arrived on the watch. etcd sends one watcher's events in revision
+//!    order, so every event at or below X came before it.
+//! 2. On a server whose progress notifications are trusted (3.4.25+, 3.5.8+, or configured),
+//!    a progress notification at or above X.
+//!
+//! Older servers answer a progress request from a control queue that the send loop drains in
+//! random order with the watcher's event queue, and a slow watcher's events (one parked
+//! server-side while nobody read the stream, e.g. during a sweep) are re-read from the backend
+//! later still. So the reply's header can be ahead of events still to come; taking it as
+//! proof dropped those events as "at or below the watermark" and lost data (issue #9,
+//! reproduced in `harness/tests/progress_order.rs` and `engine_progress.rs`).
+//!
+//! On such servers an idle source (two progress replies at or above X with no event between)
+//! is settled by *comparison* instead: [`Run::settle_at`] merges the source pinned at X with
+//! the target. Target state is only ever moved toward the source's state at X:
+//! 1. Each difference is a change at a revision in (watermark, X] whose event has not been
+//!    applied yet; writing the source's value at X (or deleting) is exactly what applying the
+//!    rest of the events up to X would have produced.
+//! 2. Orphans are ours to delete when a prune is owed, or when their target mod revision is
+//!    above the checkpoint's create revision (this link wrote them); older keys were there
+//!    before the link (mode `overwrite`) and are left alone.
+//! 3. After the comparison the watermark moves to X in a fenced Txn; events at or below X that
+//!    arrive later are dropped, which is right because the target already holds the state at X.
+//!
+//! Genesis repairs at once (G3 is not claimed while `scanning`). Drain, where G3 is claimed,
+//! only compares: when equal it moves the watermark; otherwise the missing events are still on
+//! their way and the next idle reply compares again.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -50,6 +77,9 @@ const SCAN_CYCLE_TXNS: usize = 16;
 /// Pages the scan reader may fetch ahead of the writer: at least one cycle's worth at the
 /// default page and Txn sizes, so a cycle never waits on reads it could have overlapped.
 const SCAN_READ_AHEAD_PAGES: usize = 8;
+
+/// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
+const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -477,6 +507,8 @@ impl Engine {
             watch: None,
             drain_target: None,
             tls_files,
+            idle_replies: 0,
+            drain_settles: 0,
         };
         run.start(pending).await
     }
@@ -498,6 +530,10 @@ struct Run<'e> {
     drain_target: Option<i64>,
     /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
     tls_files: Option<Vec<[u8; 32]>>,
+    /// Untrusted progress replies in a row with no event between (the source looks idle).
+    idle_replies: u32,
+    /// Comparisons in a row during a drain that found the target behind.
+    drain_settles: u32,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is
@@ -529,6 +565,17 @@ impl Run<'_> {
             target_cluster_id: self.target_cluster,
             agent_id: self.engine.agent_id.clone(),
         }
+    }
+
+    /// Page limits and deadline of every reader, as configured.
+    fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
+        let sync = &self.cfg().sync;
+        mirror_core::PagerOptions::new(
+            op,
+            sync.page_key_limit,
+            sync.page_bytes.bytes() as usize,
+            sync.request_timeout.get(),
+        )
     }
 
     fn writer(&mut self) -> &mut FencedWriter {
@@ -616,7 +663,8 @@ impl Run<'_> {
             next,
             self.timeout(),
         )
-        .await?;
+        .await?
+        .with_max_txn_ops(self.cfg().sync.max_txn_ops as usize);
         info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
         let watermark = writer.record().watermark;
         self.engine.update(|s| {
@@ -806,8 +854,12 @@ impl Run<'_> {
             let txn = self.writer().data_txn(chunk.iter().map(Op::to_txn_op).collect());
             let mut kv = self.target_kv.clone();
             async move {
-                let landed =
-                    unary("scan txn", Side::Target, timeout, kv.txn(txn)).await.is_ok_and(|r| r.succeeded());
+                let landed = match txn {
+                    Ok(txn) => unary("scan txn", Side::Target, timeout, kv.txn(txn))
+                        .await
+                        .is_ok_and(|r| r.succeeded()),
+                    Err(_) => false,
+                };
                 (chunk, landed)
             }
         });
@@ -837,94 +889,70 @@ impl Run<'_> {
 
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
     /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
-    /// current state is safe. Each target page is merged with the source pages of the same key
-    /// span (the rewrite preserves key order), so at most two pages are in memory.
+    /// current state is safe. A keys-only merge-join of both sides ([`mirror_reconcile::Differ`]),
+    /// so at most two pages are in memory; another link's keys are never candidates, and another
+    /// link found inside the destination range stops the sweep before anything is deleted.
     async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
-        let rewriter = self.engine.rewriter.clone();
-        let limit = self.cfg().sync.page_key_limit;
-        let timeout = self.timeout();
+        self.refuse_foreign_links().await?;
+        let max_ops = (self.cfg().sync.max_txn_ops as usize).saturating_sub(1).max(1);
+        let page = self.page_options("sweep page").keys_only();
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            page,
+        );
         let mut deleted = 0u64;
+        let mut batch: Vec<Op> = Vec::new();
         info!("prune sweep started");
-        for window in rewriter.target_windows() {
-            let mut from = window.start.clone();
-            loop {
-                let opts =
-                    GetOptions::new().with_range(window.end.clone()).with_limit(limit).with_keys_only();
-                let resp =
-                    unary("sweep page", Side::Target, timeout, self.target_kv.get(from.clone(), Some(opts)))
-                        .await?;
-                // Excluded or foreign keys under the destination prefix are not ours to delete.
-                let mirrored: Vec<(Vec<u8>, Vec<u8>)> = resp
-                    .kvs()
-                    .iter()
-                    .filter_map(|kv| rewriter.to_source(kv.key()).map(|s| (kv.key().to_vec(), s)))
-                    .collect();
-                let orphans = self.orphans_among(&mirrored, limit).await?;
-                for chunk in orphans.chunks((self.cfg().sync.max_txn_ops as usize).saturating_sub(1).max(1)) {
-                    let mut next = self.writer().record().clone();
-                    next.watermark = r0;
-                    next.scanning = true;
-                    next.prune_pending = true;
-                    deleted += chunk.len() as u64;
-                    self.commit_with_retry(chunk, next).await?;
-                }
-                match (resp.more(), resp.kvs().last()) {
-                    (true, Some(last)) => from = [last.key(), &[0u8]].concat(),
-                    _ => break,
-                }
+        loop {
+            let diff = differ.next_difference().await?;
+            let done = diff.is_none();
+            if let Some(mirror_reconcile::Difference::Orphan { key, .. }) = diff {
+                batch.push(Op::Delete { key });
+            }
+            if batch.len() >= max_ops || (done && !batch.is_empty()) {
+                let mut next = self.writer().record().clone();
+                next.watermark = r0;
+                next.scanning = true;
+                next.prune_pending = true;
+                deleted += batch.len() as u64;
+                self.commit_with_retry(&std::mem::take(&mut batch), next).await?;
+            }
+            if done {
+                break;
             }
         }
         info!(deleted, "prune sweep done");
         Ok(())
     }
 
-    /// Which of `mirrored` (target key, source key), sorted, have no source key now.
-    async fn orphans_among(
-        &mut self,
-        mirrored: &[(Vec<u8>, Vec<u8>)],
-        limit: i64,
-    ) -> Result<Vec<Op>, EngineError> {
-        let (Some(first), Some(last)) = (mirrored.first(), mirrored.last()) else { return Ok(Vec::new()) };
-        let end = [last.1.as_slice(), &[0u8]].concat();
-        let mut from = first.1.clone();
-        let mut i = 0;
-        let mut orphans = Vec::new();
-        let mut kv = self.source.kv_client();
-        while i < mirrored.len() {
-            let opts = GetOptions::new().with_range(end.clone()).with_limit(limit).with_keys_only();
-            let page =
-                unary("sweep source page", Side::Source, self.timeout(), kv.get(from.clone(), Some(opts)))
-                    .await?;
-            for s in page.kvs() {
-                while i < mirrored.len() && mirrored[i].1.as_slice() < s.key() {
-                    orphans.push(Op::Delete { key: mirrored[i].0.clone() });
-                    i += 1;
-                }
-                if i < mirrored.len() && mirrored[i].1.as_slice() == s.key() {
-                    i += 1;
-                }
-            }
-            match (page.more(), page.kvs().last()) {
-                (true, Some(l)) => from = [l.key(), &[0u8]].concat(),
-                _ => break,
-            }
-        }
-        orphans.extend(mirrored[i..].iter().map(|(t, _)| Op::Delete { key: t.clone() }));
-        Ok(orphans)
+    /// Refuses to prune or delete orphans while another link's reserved namespace lies inside
+    /// the destination range (a nested `dest_prefix`): its keys are not ours to judge.
+    async fn refuse_foreign_links(&mut self) -> Result<(), EngineError> {
+        let page = self.page_options("foreign link check").keys_only();
+        let found =
+            mirror_reconcile::find_foreign_link(self.target_kv.clone(), &self.engine.rewriter, page).await?;
+        let Some(other) = found else { return Ok(()) };
+        let message = format!(
+            "link {:?} keeps its checkpoint inside this link's destination range (at {}); a prune or \
+             delete_orphans would delete its data, so nothing was deleted",
+            other.link_uid,
+            self.engine.rewriter.redact(&other.namespace)
+        );
+        Err(EngineError::Refused { reason: "PrefixConflict", message })
     }
 
     /// A comparison of the source pinned at the watermark with the target as it is: while the
     /// tail is not writing, that is the state G3 says must be equal.
     fn differ_at_watermark(&mut self) -> mirror_reconcile::Differ {
-        let sync = &self.engine.cfg.sync;
+        let watermark = self.writer.as_ref().expect("fence claimed").record().watermark;
+        let page = self.page_options("reconcile page").at_revision(watermark);
         mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),
             self.source.kv_client(),
             self.target_kv.clone(),
-            self.writer.as_ref().expect("fence claimed").record().watermark,
-            0,
-            sync.page_key_limit,
-            sync.request_timeout.get(),
+            page,
         )
     }
 
@@ -1004,6 +1032,9 @@ impl Run<'_> {
     /// and aborts the pass with nothing more written.
     async fn reconcile_pass(&mut self, delete_orphans: bool) -> Result<(), EngineError> {
         let started = Instant::now();
+        if delete_orphans {
+            self.refuse_foreign_links().await?;
+        }
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
         let mut differ = self.differ_at_watermark();
@@ -1027,7 +1058,7 @@ impl Run<'_> {
                 Some(
                     mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e),
                 ) => batch.push(Op::Put { key: e.key, value: e.value }),
-                Some(mirror_reconcile::Difference::Orphan { key }) if delete_orphans => {
+                Some(mirror_reconcile::Difference::Orphan { key, .. }) if delete_orphans => {
                     batch.push(Op::Delete { key })
                 }
                 _ => {}
@@ -1222,29 +1253,109 @@ impl Run<'_> {
         }
         let watermark = self.writer().record().watermark;
         if resp.events().is_empty() {
-            // A progress notification. A trusted one says nothing at or below header_rev is
-            // still to come. An untrusted one (etcd < 3.4.25 / 3.5.8 may send it ahead of events
-            // committed at that very moment) still proves that everything up to scan_end, which
-            // was committed before the request was sent, has been delivered.
-            let must_reach = scan_end.or(self.drain_target);
-            let reached =
-                if self.trust { Some(header_rev) } else { must_reach.filter(|end| header_rev >= *end) };
-            match reached {
-                Some(rev) if rev > watermark => {
-                    let batch = Batch { revisions: vec![Revision { revision: rev, ops: Vec::new() }] };
+            // A progress notification. Only a trusted one proves that nothing at or below
+            // header_rev is still to come (see the module doc).
+            let idle = std::mem::replace(&mut self.idle_replies, 0) + 1;
+            if self.trust {
+                if header_rev > watermark {
+                    let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
                     self.apply(batch, scan_end).await?;
-                }
-                Some(_) => {
+                } else {
                     self.finish_genesis_if_due(scan_end, watermark).await?;
                     self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
                 }
+                return Ok(());
+            }
+            let must_reach = scan_end.or(self.drain_target).filter(|end| header_rev >= *end);
+            match must_reach {
+                Some(end) if end > watermark && idle >= 2 => self.settle_at(end, scan_end).await?,
+                Some(end) if end > watermark => self.idle_replies = idle,
+                Some(_) => self.finish_genesis_if_due(scan_end, watermark).await?,
                 None => {}
             }
             return Ok(());
         }
+        self.idle_replies = 0;
         let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
         self.engine.update(|s| s.lease_backed_keys += converted.leased);
         self.apply_revisions(converted.revisions, scan_end).await
+    }
+
+    /// Brings the target to the source's state at `end` by comparison, then moves the watermark
+    /// to `end` (module doc: "Why genesis and drain completion do not rest on an untrusted
+    /// progress reply"). Genesis repairs what differs; a drain only compares, and repairs after
+    /// [`DRAIN_SETTLE_ATTEMPTS`] comparisons in a row found the target behind (something other
+    /// than undelivered events keeps it different; the verification after the drain repairs
+    /// such keys anyway).
+    async fn settle_at(&mut self, end: i64, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
+        let genesis = scan_end.is_some();
+        let prune = self.writer().record().prune_pending;
+        let ours_after = self.writer().create_revision();
+        let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
+        info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
+        let sync = self.cfg().sync.clone();
+        let page = self.page_options("settle page").at_revision(end);
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            page,
+        );
+        let max_ops = (sync.max_txn_ops as usize).saturating_sub(1).max(1);
+        let mut batch: Vec<Op> = Vec::new();
+        let mut differences = 0u64;
+        loop {
+            let diff = match differ.next_difference().await {
+                Ok(d) => d,
+                Err(e) if e.class() == ErrorClass::Resync => {
+                    // `end` was compacted away while comparing: settle at the current revision
+                    // next time; the watch still delivers everything in between.
+                    let now = self.source_revision().await?;
+                    warn!(end, now, "source compacted past the settle revision; settling at {now} next");
+                    if let Some(e) = scan_end.as_mut() {
+                        *e = now;
+                    } else {
+                        self.drain_target = Some(now);
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(diff) = diff else { break };
+            let op = match diff {
+                mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e) => {
+                    Op::Put { key: e.key, value: e.value }
+                }
+                mirror_reconcile::Difference::Orphan { key, mod_revision }
+                    if prune || mod_revision > ours_after =>
+                {
+                    Op::Delete { key }
+                }
+                mirror_reconcile::Difference::Orphan { .. } => continue,
+            };
+            differences += 1;
+            if !repair {
+                continue;
+            }
+            batch.push(op);
+            if batch.len() >= max_ops {
+                let same = self.writer().record().clone();
+                self.commit_with_retry(&std::mem::take(&mut batch), same).await?;
+            }
+        }
+        if !batch.is_empty() {
+            let same = self.writer().record().clone();
+            self.commit_with_retry(&batch, same).await?;
+        }
+        if differences > 0 && !repair {
+            self.drain_settles += 1;
+            info!(end, differences, "target still behind the source at {end}; waiting for the watch");
+            return Ok(());
+        }
+        self.drain_settles = 0;
+        info!(end, repaired = differences, "target settled at the source's state at {end}");
+        let batch = Batch { revisions: vec![Revision { revision: end, ops: Vec::new() }] };
+        self.apply(batch, scan_end).await
     }
 
     async fn finish_genesis_if_due(
@@ -1322,11 +1433,25 @@ impl Run<'_> {
                     }
                     return Ok(());
                 }
+                let per_level = self.writer().max_txn_ops();
+                if e.fault == Fault::TooManyOps && per_level > 2 {
+                    // The target allows fewer ops per level than configured: lay the Txn out
+                    // deeper rather than give up a revision that fits its byte limit.
+                    warn!(
+                        configured = per_level,
+                        now = per_level / 2,
+                        "target refused a Txn for too many ops per level; sync.max_txn_ops is above the target's --max-txn-ops"
+                    );
+                    let writer = self.writer.take().expect("fence claimed").with_max_txn_ops(per_level / 2);
+                    self.writer = Some(writer);
+                    return Box::pin(self.apply(batch, scan_end)).await;
+                }
                 let key = ops.first().map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default();
+                let bytes: usize = ops.iter().map(Op::size).sum();
                 return Err(EngineError::Refused {
                     reason: "RevisionTooLarge",
                     message: format!(
-                        "source revision {last} ({} ops, first key {key}) is too large for the target ({:?}); nothing of it was applied",
+                        "source revision {last} ({} ops, {bytes} bytes, first key {key}) is too large for the target ({:?}); nothing of it was applied. Raise the target's --max-request-bytes above {bytes}",
                         ops.len(),
                         e.fault
                     ),

@@ -64,15 +64,19 @@ async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow:
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let page = mirror_core::PagerOptions::new(
+        "verify page",
+        config.sync.page_key_limit,
+        config.sync.page_bytes.bytes() as usize,
+        timeout,
+    );
     let mut differ = Differ::new(
         rewriter.clone(),
         source.kv_client(),
-        target_kv,
-        revision,
-        target_revision,
-        config.sync.page_key_limit,
-        timeout,
-    );
+        target_kv.clone(),
+        page.clone().at_revision(revision),
+    )
+    .target_at(target_kv, target_revision, page);
     let mut shown = Vec::new();
     while let Some(diff) = differ.next_difference().await? {
         if shown.len() < max_diffs {

@@ -57,6 +57,9 @@ pub enum Fault {
     RequestTooLarge,
     /// More ops than `--max-txn-ops`.
     TooManyOps,
+    /// An answer larger than the client accepts (gRPC's "decoded message length too large");
+    /// readers halve their page and ask again.
+    ResponseTooLarge,
     /// The same key twice in one Txn.
     DuplicateKey,
     /// Wrong user or password.
@@ -91,6 +94,7 @@ impl Fault {
             Fault::TooManyRequests | Fault::ResourceExhausted => ErrorClass::Throttle,
             Fault::RequestTooLarge
             | Fault::TooManyOps
+            | Fault::ResponseTooLarge
             | Fault::DuplicateKey
             | Fault::AuthFailed
             | Fault::PermissionDenied
@@ -137,6 +141,8 @@ impl Fault {
         match code {
             Code::OutOfRange if has("compacted") => Fault::Compacted,
             Code::OutOfRange if has("future revision") => Fault::FutureRevision,
+            // The client's own decode limit (tonic), not the server.
+            Code::OutOfRange if has("message length too large") => Fault::ResponseTooLarge,
             Code::ResourceExhausted if has("database space exceeded") => Fault::QuotaExceeded,
             Code::ResourceExhausted if has("too many requests") => Fault::TooManyRequests,
             // gRPC's own receive limit (etcd sets it to --max-request-bytes plus headroom).

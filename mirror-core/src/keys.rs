@@ -142,19 +142,39 @@ impl KeyRewriter {
             && !self.excludes.iter().any(|p| source_key.starts_with(p))
     }
 
-    /// The target key of a source key, or `None` when the key is out of scope.
+    /// The target key of a source key, or `None` when the key is out of scope. Another link's
+    /// reserved namespace anywhere under the source prefix (a nested destination) is out of
+    /// scope too: its checkpoint is that link's, not data.
     pub fn to_target(&self, source_key: &[u8]) -> Option<Vec<u8>> {
-        self.in_scope(source_key)
+        (self.in_scope(source_key) && !holds_marker(&source_key[self.source_prefix.len()..]))
             .then(|| [&self.dest_prefix[..], &source_key[self.source_prefix.len()..]].concat())
     }
 
-    /// The source key a target key mirrors, or `None` for a reserved or out-of-range key.
+    /// The source key a target key mirrors, or `None` for a reserved, foreign or out-of-range
+    /// key. Keys of another link's reserved namespace nested in the destination range are
+    /// foreign: never compared, never deleted.
     pub fn to_source(&self, target_key: &[u8]) -> Option<Vec<u8>> {
         if !target_key.starts_with(&self.dest_prefix) || self.is_reserved(target_key) {
             return None;
         }
-        let source = [&self.source_prefix[..], &target_key[self.dest_prefix.len()..]].concat();
+        let relative = &target_key[self.dest_prefix.len()..];
+        if holds_marker(relative) {
+            return None;
+        }
+        let source = [&self.source_prefix[..], relative].concat();
         self.in_scope(&source).then_some(source)
+    }
+
+    /// For a target key inside another link's reserved namespace nested in the destination
+    /// range, that namespace (`their destination prefix + "\0etcd-mirror/"`).
+    pub fn foreign_namespace(&self, target_key: &[u8]) -> Option<Vec<u8>> {
+        if !target_key.starts_with(&self.dest_prefix) || self.is_reserved(target_key) {
+            return None;
+        }
+        let marker = RESERVED_MARKER.as_bytes();
+        let relative = &target_key[self.dest_prefix.len()..];
+        let at = relative.windows(marker.len()).position(|w| w == marker)?;
+        Some(target_key[..self.dest_prefix.len() + at + marker.len()].to_vec())
     }
 
     /// Whether a target key is in this link's reserved namespace.
@@ -208,6 +228,13 @@ impl KeyRewriter {
             .map_or(&b""[..], Vec::as_slice);
         redact_key(prefix, key)
     }
+}
+
+/// Whether a key (relative to a prefix) contains the reserved marker: it lies in some link's
+/// reserved namespace.
+fn holds_marker(relative: &[u8]) -> bool {
+    let marker = RESERVED_MARKER.as_bytes();
+    relative.windows(marker.len()).any(|w| w == marker)
 }
 
 /// `range` minus every prefix in `cuts` (sorted, non-nested).

@@ -11,6 +11,8 @@
 //!   is in the `keys` module; property tests check it).
 //! - **Errors** ([`Fault`], [`ErrorClass`]): every etcd client error maps to one of the five
 //!   classes of SPEC §5, so callers decide by class, never by string.
+//! - **Paging** ([`Pager`]): every reader pages by keys and bytes, starts small, and halves a
+//!   page the client refused as too large; only one key over the limit is an error.
 //! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
 //!   through [`unary`]; TLS material read from disk at every connect ([`tls`]), so rotated files
 //!   are used from the next connect on.
@@ -23,6 +25,7 @@ mod config;
 mod connect;
 mod error;
 mod keys;
+mod pager;
 mod status;
 mod stride;
 pub mod tls;
@@ -38,6 +41,7 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
+pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, Condition, CutoverStatus, ForcedResyncs, InitialSyncStatus, LastError, LastReconcile, Phase,
     SideStatus, Status,

@@ -14,13 +14,18 @@
 //!   checkpoint's mod revision, every checkpoint move rides in the same Txn as its data, and a
 //!   failed compare is judged by re-reading the record (see the `writer` module for the
 //!   argument, the ambiguous-commit rule and the takeover rules).
+//! - A Txn with more ops than the target's `max_txn_ops` is laid out with nested Txns
+//!   ([`nest`]), so any revision whose bytes fit the target's request limit lands atomically,
+//!   with its checkpoint, in one target revision (G2).
 //!
 //! ## What it deliberately does not do
 //! It does not decide what to do about a lost fence (standby, fail): it names the outcome with
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
 mod checkpoint;
+mod nest;
 mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
+pub use nest::{nest, plan, Slot, TooManyOps};
 pub use writer::{may_claim, read_checkpoint, FenceError, FencedWriter, Observed};

@@ -27,6 +27,9 @@ use mirror_core::{unary, ErrorClass, EtcdError, Side};
 
 use crate::checkpoint::{Checkpoint, DecodeError, Role};
 
+/// etcd's default `--max-txn-ops`.
+const DEFAULT_MAX_TXN_OPS: usize = 128;
+
 /// Why a fenced write did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
@@ -68,6 +71,9 @@ pub enum FenceError {
     /// The Txn itself failed.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
+    /// The ops cannot be laid out under the target's `max_txn_ops` even with nesting.
+    #[error(transparent)]
+    TooManyOps(crate::nest::TooManyOps),
 }
 
 impl FenceError {
@@ -101,6 +107,7 @@ impl FenceError {
             FenceError::FenceLost => "FenceLost",
             FenceError::Corrupt(_) => "CorruptCheckpoint",
             FenceError::Etcd(_) => "EtcdError",
+            FenceError::TooManyOps(_) => "RevisionTooLarge",
         }
     }
 }
@@ -116,6 +123,9 @@ pub enum Observed {
         record: Checkpoint,
         /// Its mod revision, the fence token.
         mod_revision: i64,
+        /// The target revision that created the key: every key this link wrote has a mod
+        /// revision above it.
+        create_revision: i64,
     },
 }
 
@@ -138,9 +148,11 @@ pub async fn read_checkpoint(
     let resp = unary("read checkpoint", Side::Target, timeout, kv.get(key, None)).await?;
     match resp.kvs().first() {
         None => Ok(Observed::Absent),
-        Some(kv) => {
-            Ok(Observed::Present { record: Checkpoint::decode(kv.value())?, mod_revision: kv.mod_revision() })
-        }
+        Some(kv) => Ok(Observed::Present {
+            record: Checkpoint::decode(kv.value())?,
+            mod_revision: kv.mod_revision(),
+            create_revision: kv.create_revision(),
+        }),
     }
 }
 
@@ -171,8 +183,11 @@ pub struct FencedWriter {
     kv: KvClient,
     key: Vec<u8>,
     mod_revision: i64,
+    create_revision: i64,
     record: Checkpoint,
     timeout: Duration,
+    /// The target's `--max-txn-ops` per nesting level.
+    max_txn_ops: usize,
 }
 
 impl FencedWriter {
@@ -194,13 +209,34 @@ impl FencedWriter {
             let resp = unary("claim fence", Side::Target, timeout, kv.txn(txn)).await?;
             if resp.succeeded() {
                 let mod_revision = resp.header().map_or(0, |h| h.revision());
-                return Ok(FencedWriter { kv, key, mod_revision, record, timeout });
+                let create_revision = match &observed {
+                    Observed::Present { create_revision, .. } => *create_revision,
+                    Observed::Absent => mod_revision,
+                };
+                return Ok(FencedWriter {
+                    kv,
+                    key,
+                    mod_revision,
+                    create_revision,
+                    record,
+                    timeout,
+                    max_txn_ops: DEFAULT_MAX_TXN_OPS,
+                });
             }
             observed = read_checkpoint(&mut kv, &key, timeout).await?;
-            if let Observed::Present { record: stored, mod_revision } = &observed {
+            if let Observed::Present { record: stored, mod_revision, create_revision } = &observed {
                 if stored.encode() == bytes {
                     // Our own earlier attempt landed.
-                    return Ok(FencedWriter { kv, key, mod_revision: *mod_revision, record, timeout });
+                    let (mod_revision, create_revision) = (*mod_revision, *create_revision);
+                    return Ok(FencedWriter {
+                        kv,
+                        key,
+                        mod_revision,
+                        create_revision,
+                        record,
+                        timeout,
+                        max_txn_ops: DEFAULT_MAX_TXN_OPS,
+                    });
                 }
             }
         }
@@ -215,6 +251,17 @@ impl FencedWriter {
         }
     }
 
+    /// Lays out Txns for a target whose `--max-txn-ops` is `max_txn_ops` (default 128).
+    pub fn with_max_txn_ops(mut self, max_txn_ops: usize) -> FencedWriter {
+        self.max_txn_ops = max_txn_ops.max(2);
+        self
+    }
+
+    /// The per-level op limit Txns are laid out for.
+    pub fn max_txn_ops(&self) -> usize {
+        self.max_txn_ops
+    }
+
     /// The record this writer last committed.
     pub fn record(&self) -> &Checkpoint {
         &self.record
@@ -223,6 +270,12 @@ impl FencedWriter {
     /// The fence token every Txn compares against.
     pub fn mod_revision(&self) -> i64 {
         self.mod_revision
+    }
+
+    /// The target revision that created the checkpoint key. Keys in the destination range with
+    /// a mod revision at or below it were there before this link wrote anything.
+    pub fn create_revision(&self) -> i64 {
+        self.create_revision
     }
 
     /// The checkpoint key.
@@ -239,7 +292,7 @@ impl FencedWriter {
     /// Returns the target revision of the Txn.
     pub async fn commit(&mut self, ops: Vec<TxnOp>, next: Option<Checkpoint>) -> Result<i64, FenceError> {
         let next_bytes = next.as_ref().map(Checkpoint::encode);
-        let mut all = ops;
+        let mut all = self.lay_out(ops, usize::from(next_bytes.is_some()))?;
         if let Some(bytes) = &next_bytes {
             all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
         }
@@ -272,10 +325,15 @@ impl FencedWriter {
 
     /// A data-only Txn guarded by the fence compare, usable concurrently with others of its
     /// kind (they all compare the same mod revision, so they do not conflict with each other).
-    pub fn data_txn(&self, ops: Vec<TxnOp>) -> Txn {
-        Txn::new()
+    pub fn data_txn(&self, ops: Vec<TxnOp>) -> Result<Txn, FenceError> {
+        Ok(Txn::new()
             .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
-            .and_then(ops)
+            .and_then(self.lay_out(ops, 0)?))
+    }
+
+    /// `ops` as the top level of one Txn, nested where they exceed `max_txn_ops`.
+    fn lay_out(&self, ops: Vec<TxnOp>, reserved: usize) -> Result<Vec<TxnOp>, FenceError> {
+        crate::nest::nest(ops, self.max_txn_ops, reserved).map_err(FenceError::TooManyOps)
     }
 
     /// Re-reads the fence after a failed compare and names the outcome.

@@ -17,18 +17,19 @@
 //! - **Fingerprints.** [`Counts::source_digest`] and [`Counts::target_digest`] are SHA-256 over
 //!   the ordered (target key, value) pairs of each side, length-prefixed, so equal digests mean
 //!   equal ranges.
-//! - **Linear reads.** Pages ask for bounded key windows ([`mirror_core::Stride`]), so etcd's
-//!   per-request count walk stays near the page size and a pass is linear in the keys.
+//! - **Linear, byte-bounded reads.** Both sides are read with [`mirror_core::Pager`]: bounded
+//!   key windows (etcd's per-request count walk stays near the page size, so a pass is linear in
+//!   the keys), pages bounded by keys and bytes, and an answer too large for the client halves
+//!   the page instead of failing the pass.
 //!
 //! ## What it deliberately does not do
 //! It never writes: repairs are returned as [`Difference`]s for the agent to commit through its
 //! fenced writer, paced as configured.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
-use etcd_client::{GetOptions, KeyValue, KvClient};
-use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side, Stride};
+use etcd_client::KvClient;
+use mirror_core::{EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};
 use sha2::{Digest, Sha256};
 
 /// One key/value read from a side, its key in *target* form.
@@ -40,49 +41,21 @@ pub struct Entry {
     pub value: Vec<u8>,
     /// Whether the source key carries a lease (always false for the target).
     pub leased: bool,
+    /// The key's mod revision on the side it was read from.
+    pub mod_revision: i64,
 }
 
-/// Reads a list of windows of one side in key order, one page at a time.
+/// Reads a list of windows of one side in key order, one key at a time, paged by keys and
+/// bytes ([`Pager`]).
 pub struct RangeReader {
-    kv: KvClient,
-    side: Side,
-    windows: Vec<KeyRange>,
-    window: usize,
-    next_key: Vec<u8>,
-    /// Bounds each page's range so etcd's count walk stays near the page size.
-    stride: Stride,
-    revision: i64,
-    limit: i64,
-    timeout: Duration,
+    pager: Pager,
     page: VecDeque<etcd_client::KeyValue>,
-    done_window: bool,
 }
 
 impl RangeReader {
-    /// Reads `windows` of `side`, pinned at `revision` (0 = latest), `limit` keys per page.
-    pub fn new(
-        kv: KvClient,
-        side: Side,
-        windows: Vec<KeyRange>,
-        revision: i64,
-        limit: i64,
-        timeout: Duration,
-    ) -> Self {
-        let next_key = windows.first().map(|w| w.start.clone()).unwrap_or_default();
-        let stride = Stride::for_window(windows.first());
-        RangeReader {
-            kv,
-            side,
-            windows,
-            window: 0,
-            next_key,
-            stride,
-            revision,
-            limit: limit.max(1),
-            timeout,
-            page: VecDeque::new(),
-            done_window: false,
-        }
+    /// Reads `windows` of `side` as `opts` says (pinned or not, page limits, keys only).
+    pub fn new(kv: KvClient, side: Side, windows: Vec<KeyRange>, opts: PagerOptions) -> Self {
+        RangeReader { pager: Pager::new(kv, side, windows, opts), page: VecDeque::new() }
     }
 
     /// The next key/value, or `None` at the end.
@@ -91,42 +64,10 @@ impl RangeReader {
             if let Some(kv) = self.page.pop_front() {
                 return Ok(Some(kv));
             }
-            if self.done_window {
-                self.window += 1;
-                self.done_window = false;
-                self.stride = Stride::for_window(self.windows.get(self.window));
-                match self.windows.get(self.window) {
-                    Some(w) => self.next_key = w.start.clone(),
-                    None => return Ok(None),
-                }
+            match self.pager.next_page().await? {
+                Some(kvs) => self.page.extend(kvs),
+                None => return Ok(None),
             }
-            if self.window >= self.windows.len() {
-                return Ok(None);
-            }
-            let end = self.stride.probe_end(&self.next_key);
-            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(self.limit);
-            if self.revision > 0 {
-                opts = opts.with_revision(self.revision);
-            }
-            let mut resp = unary(
-                "reconcile page",
-                self.side,
-                self.timeout,
-                self.kv.get(self.next_key.clone(), Some(opts)),
-            )
-            .await?;
-            let more = resp.more();
-            let count = resp.count();
-            let kvs = resp.take_kvs();
-            let (first, last) = (kvs.first().map(KeyValue::key), kvs.last().map(KeyValue::key));
-            self.stride.learn(first, last, kvs.len(), count, self.limit);
-            match kvs.last() {
-                Some(last) if more => self.next_key = [last.key(), &[0u8]].concat(),
-                // The probe is drained but the window goes on past it.
-                _ if !self.stride.is_window_end(&end) => self.next_key = end,
-                _ => self.done_window = true,
-            }
-            self.page.extend(kvs);
         }
     }
 }
@@ -142,6 +83,9 @@ pub enum Difference {
     Orphan {
         /// The target key.
         key: Vec<u8>,
+        /// Its mod revision in the target (at or below the checkpoint's create revision: it was
+        /// there before this link wrote).
+        mod_revision: i64,
     },
 }
 
@@ -150,7 +94,7 @@ impl Difference {
     pub fn key(&self) -> &[u8] {
         match self {
             Difference::Missing(e) | Difference::Divergent(e) => &e.key,
-            Difference::Orphan { key } => key,
+            Difference::Orphan { key, .. } => key,
         }
     }
 }
@@ -213,34 +157,20 @@ pub struct Differ {
 }
 
 impl Differ {
-    /// Compares the source pinned at `source_revision` (0 = latest) with the target pinned at
-    /// `target_revision` (0 = latest).
-    pub fn new(
-        rewriter: KeyRewriter,
-        source: KvClient,
-        target: KvClient,
-        source_revision: i64,
-        target_revision: i64,
-        page_limit: i64,
-        timeout: Duration,
-    ) -> Differ {
-        let source = RangeReader::new(
-            source,
-            Side::Source,
-            rewriter.scan_windows(),
-            source_revision,
-            page_limit,
-            timeout,
-        );
-        let target = RangeReader::new(
-            target,
-            Side::Target,
-            rewriter.target_windows(),
-            target_revision,
-            page_limit,
-            timeout,
-        );
+    /// Compares the source read as `page` says (pinned at `page.revision`, 0 = latest) with the
+    /// target as it is now; [`Differ::target_at`] pins the target too.
+    pub fn new(rewriter: KeyRewriter, source: KvClient, target: KvClient, page: PagerOptions) -> Differ {
+        let target_page = PagerOptions { revision: 0, ..page.clone() };
+        let source = RangeReader::new(source, Side::Source, rewriter.scan_windows(), page);
+        let target = RangeReader::new(target, Side::Target, rewriter.target_windows(), target_page);
         Differ { rewriter, source, target, s: None, t: None, started: false, counts: Counts::default() }
+    }
+
+    /// Reads the target pinned at `revision` (0 = latest); call before the first difference.
+    pub fn target_at(mut self, target: KvClient, revision: i64, page: PagerOptions) -> Differ {
+        let page = PagerOptions { revision, ..page };
+        self.target = RangeReader::new(target, Side::Target, self.rewriter.target_windows(), page);
+        self
     }
 
     async fn next_source(&mut self) -> Result<Option<Entry>, EtcdError> {
@@ -250,7 +180,12 @@ impl Differ {
                 let leased = kv.lease() != 0;
                 self.counts.leased_keys += u64::from(leased);
                 feed(&mut self.counts.source_hash, &key, kv.value());
-                return Ok(Some(Entry { key, value: kv.value().to_vec(), leased }));
+                return Ok(Some(Entry {
+                    key,
+                    value: kv.value().to_vec(),
+                    leased,
+                    mod_revision: kv.mod_revision(),
+                }));
             }
         }
         Ok(None)
@@ -264,7 +199,12 @@ impl Differ {
             }
             self.counts.target_keys += 1;
             feed(&mut self.counts.target_hash, kv.key(), kv.value());
-            return Ok(Some(Entry { key: kv.key().to_vec(), value: kv.value().to_vec(), leased: false }));
+            return Ok(Some(Entry {
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                leased: false,
+                mod_revision: kv.mod_revision(),
+            }));
         }
         Ok(None)
     }
@@ -287,7 +227,7 @@ impl Differ {
                 (None, Some(t)) => {
                     self.t = self.next_target().await?;
                     self.counts.orphan += 1;
-                    return Ok(Some(Difference::Orphan { key: t.key }));
+                    return Ok(Some(Difference::Orphan { key: t.key, mod_revision: t.mod_revision }));
                 }
                 (Some(s), Some(t)) => match s.key.cmp(&t.key) {
                     std::cmp::Ordering::Less => {
@@ -300,7 +240,7 @@ impl Differ {
                         self.s = Some(s);
                         self.t = self.next_target().await?;
                         self.counts.orphan += 1;
-                        return Ok(Some(Difference::Orphan { key: t.key }));
+                        return Ok(Some(Difference::Orphan { key: t.key, mod_revision: t.mod_revision }));
                     }
                     std::cmp::Ordering::Equal => {
                         self.s = self.next_source().await?;
@@ -314,4 +254,42 @@ impl Differ {
             }
         }
     }
+}
+
+/// Another link whose reserved namespace lies inside this link's destination range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignLink {
+    /// Its `link_uid` as its checkpoint says, or `"unknown"` when the checkpoint is absent or
+    /// unreadable.
+    pub link_uid: String,
+    /// Its reserved namespace (a target key).
+    pub namespace: Vec<u8>,
+}
+
+/// The first other link found inside the destination range of `rewriter`, by a keys-only pass
+/// over the target windows. Prunes and orphan deletes run only when there is none: such a
+/// link's data looks like orphans of ours.
+pub async fn find_foreign_link(
+    kv: KvClient,
+    rewriter: &KeyRewriter,
+    page: PagerOptions,
+) -> Result<Option<ForeignLink>, EtcdError> {
+    let timeout = page.timeout;
+    let mut pager = Pager::new(kv.clone(), Side::Target, rewriter.target_windows(), page);
+    while let Some(kvs) = pager.next_page().await? {
+        let Some(namespace) = kvs.iter().find_map(|kv| rewriter.foreign_namespace(kv.key())) else {
+            continue;
+        };
+        let key = [namespace.as_slice(), b"checkpoint"].concat();
+        let mut kv = kv;
+        let resp =
+            mirror_core::unary("read other checkpoint", Side::Target, timeout, kv.get(key, None)).await?;
+        let link_uid = resp
+            .kvs()
+            .first()
+            .and_then(|kv| mirror_fence::Checkpoint::decode(kv.value()).ok())
+            .map_or_else(|| "unknown".to_owned(), |record| record.link_uid);
+        return Ok(Some(ForeignLink { link_uid, namespace }));
+    }
+    Ok(None)
 }

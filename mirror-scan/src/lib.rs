@@ -14,12 +14,13 @@
 //!
 //! ## What it guarantees
 //! - Excluded prefixes are cut out of every Get window server-side; they are never fetched.
-//! - Page size adapts: it halves when a page exceeds `page_bytes` and doubles (up to
-//!   `page_key_limit`) when under half, so memory is bounded by about one page (G6).
+//! - Pages are read with [`Pager`]: they start small, halve when a page exceeds `page_bytes` or
+//!   the client refuses an answer as too large, and double (up to `page_key_limit`) when under
+//!   half, so memory is bounded by about one page (G6) and values of any size up to the
+//!   response limit are read.
 //! - [`Scanner::resume_after`] continues strictly after a stored `scan_cursor`.
-//! - Each page asks for a bounded key window ([`Stride`]), so etcd's per-request count walk
-//!   stays near the page size instead of covering the rest of the range: the scan is linear in
-//!   the number of keys, not quadratic.
+//! - Each page asks for a bounded key window (`mirror_core::Stride`), so etcd's per-request count
+//!   walk stays near the page size: the scan is linear in the number of keys, not quadratic.
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: pages are committed under the fence by the agent.
@@ -27,7 +28,7 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, KvClient};
-use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Side, Stride};
+use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};
 
 /// One page of source keys, in key order.
 #[derive(Debug)]
@@ -71,17 +72,10 @@ pub async fn count(
     Ok((total, header))
 }
 
-/// Pages through the source windows in key order.
+/// Pages through the source windows in key order, unpinned, by keys and bytes
+/// ([`Pager`]).
 pub struct Scanner {
-    kv: KvClient,
-    windows: Vec<KeyRange>,
-    window: usize,
-    next_key: Vec<u8>,
-    stride: Stride,
-    limit: i64,
-    max_limit: i64,
-    page_bytes: usize,
-    timeout: Duration,
+    pager: Pager,
 }
 
 impl Scanner {
@@ -93,95 +87,24 @@ impl Scanner {
         page_bytes: usize,
         timeout: Duration,
     ) -> Scanner {
-        let windows = rewriter.scan_windows();
-        let next_key = windows.first().map(|w| w.start.clone()).unwrap_or_default();
-        let stride = Stride::for_window(windows.first());
-        Scanner {
-            kv,
-            windows,
-            window: 0,
-            next_key,
-            stride,
-            limit: page_key_limit.max(1),
-            max_limit: page_key_limit.max(1),
-            page_bytes: page_bytes.max(1),
-            timeout,
-        }
+        let opts = PagerOptions::new("scan page", page_key_limit, page_bytes, timeout);
+        Scanner { pager: Pager::new(kv, Side::Source, rewriter.scan_windows(), opts) }
     }
 
     /// Continues strictly after `cursor` (an empty cursor means from the start).
-    pub fn resume_after(mut self, cursor: &[u8]) -> Scanner {
-        if cursor.is_empty() {
-            return self;
-        }
-        let after = [cursor, &[0u8]].concat();
-        // The first window that still has keys at or after `after`.
-        self.window = self
-            .windows
-            .iter()
-            .position(|w| w.end == [0] || after.as_slice() < w.end.as_slice())
-            .unwrap_or(self.windows.len());
-        if let Some(w) = self.windows.get(self.window) {
-            self.next_key = if after.as_slice() > w.start.as_slice() { after } else { w.start.clone() };
-        }
-        self.stride = Stride::for_window(self.windows.get(self.window));
-        self
+    pub fn resume_after(self, cursor: &[u8]) -> Scanner {
+        Scanner { pager: self.pager.resume_after(cursor) }
     }
 
     /// The current page size in keys.
     pub fn page_limit(&self) -> i64 {
-        self.limit
+        self.pager.limit()
     }
 
     /// The next non-empty page, or `None` when the scan is done.
     pub async fn next_page(&mut self) -> Result<Option<Page>, EtcdError> {
-        while self.window < self.windows.len() {
-            let end = self.stride.probe_end(&self.next_key);
-            let opts = GetOptions::new().with_range(end.clone()).with_limit(self.limit);
-            let resp = unary(
-                "scan page",
-                Side::Source,
-                self.timeout,
-                self.kv.get(self.next_key.clone(), Some(opts)),
-            )
-            .await?;
-            let more = resp.more();
-            let mut resp = resp;
-            let count = resp.count();
-            let kvs = resp.take_kvs();
-            let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
-            self.stride.learn(
-                kvs.first().map(KeyValue::key),
-                kvs.last().map(KeyValue::key),
-                kvs.len(),
-                count,
-                self.limit,
-            );
-            self.adapt(bytes);
-            match kvs.last() {
-                Some(last) if more => self.next_key = [last.key(), &[0u8]].concat(),
-                // The probe is drained but the window goes on past it.
-                _ if !self.stride.is_window_end(&end) => self.next_key = end,
-                _ => {
-                    self.window += 1;
-                    if let Some(next) = self.windows.get(self.window) {
-                        self.next_key = next.start.clone();
-                    }
-                    self.stride = Stride::for_window(self.windows.get(self.window));
-                }
-            }
-            if !kvs.is_empty() {
-                return Ok(Some(Page { kvs, bytes }));
-            }
-        }
-        Ok(None)
-    }
-
-    fn adapt(&mut self, bytes: usize) {
-        if bytes > self.page_bytes {
-            self.limit = (self.limit / 2).max(1);
-        } else if bytes < self.page_bytes / 2 {
-            self.limit = (self.limit * 2).min(self.max_limit);
-        }
+        let Some(kvs) = self.pager.next_page().await? else { return Ok(None) };
+        let bytes = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+        Ok(Some(Page { kvs, bytes }))
     }
 }

@@ -1,0 +1,84 @@
+//! Everyday big revisions land atomically: `del --prefix` of 5 000 keys, a 128-op Txn (129 ops
+//! with the checkpoint put) and a lease revoke deleting 1 000 keys each become exactly one
+//! target revision, at etcd's default `--max-txn-ops` of 128, on both versions. Before nested
+//! Txns each stopped the agent with `RevisionTooLarge`.
+
+use etcd_client::{Client, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use harness::scenario::{self, caught_up, current_revision, synced};
+use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
+use rstest::rstest;
+
+/// Runs `op` on the source and returns how many revisions the target moved while the agent
+/// applied it (the agent writes nothing else while the source is otherwise idle).
+async fn target_revisions_for<F: std::future::Future<Output = ()>>(
+    agent: &AgentProcess,
+    src: &mut Client,
+    dst: &mut Client,
+    op: F,
+) -> i64 {
+    caught_up(agent, src).await.unwrap();
+    let before = current_revision(dst).await.unwrap();
+    op.await;
+    caught_up(agent, src).await.unwrap();
+    current_revision(dst).await.unwrap() - before
+}
+
+#[rstest]
+#[case::v3_5_1(EtcdVersion::V3_5_1)]
+#[case::v3_4_23(EtcdVersion::V3_4_23)]
+#[tokio::test]
+async fn big_revisions_land_as_one_target_revision(#[case] version: EtcdVersion) {
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    load_keys(&mut src, "/big/del/", 5_000, 32).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "big-revisions", "/big/");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await.unwrap();
+    let g3 = || scenario::g3_of(&source, &target, &cfg);
+    assert!(matches!(g3().await.unwrap(), G3::Holds { keys: 5_000, .. }));
+
+    // etcdctl del --prefix of 5 000 keys: one source revision of 5 000 deletes.
+    let mut c = src.clone();
+    let moved = target_revisions_for(&agent, &mut src, &mut dst, async move {
+        c.delete("/big/del/", Some(DeleteOptions::new().with_prefix())).await.unwrap();
+    })
+    .await;
+    assert_eq!(moved, 1, "{version}: the 5 000 deletes landed in {moved} target revisions");
+    assert_eq!(scenario::count_prefix(&mut dst, "/big/del/").await.unwrap(), 0);
+    assert!(matches!(g3().await.unwrap(), G3::Holds { keys: 0, .. }));
+
+    // One source Txn of 128 puts (129 ops with the checkpoint).
+    let mut c = src.clone();
+    let moved = target_revisions_for(&agent, &mut src, &mut dst, async move {
+        let ops: Vec<TxnOp> = (0..128).map(|i| TxnOp::put(format!("/big/txn/{i:03}"), "v", None)).collect();
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+    })
+    .await;
+    assert_eq!(moved, 1, "{version}: the 128-op Txn landed in {moved} target revisions");
+    let landed = dst.get("/big/txn/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let revs: std::collections::HashSet<i64> = landed.kvs().iter().map(|kv| kv.mod_revision()).collect();
+    assert_eq!((landed.kvs().len(), revs.len()), (128, 1), "128 keys sharing one mod revision");
+    assert!(matches!(g3().await.unwrap(), G3::Holds { keys: 128, .. }));
+
+    // A lease revoke that deletes 1 000 keys in one revision.
+    let lease = src.lease_grant(600, None).await.unwrap().id();
+    for start in (0..1_000).step_by(100) {
+        let ops: Vec<TxnOp> = (start..start + 100)
+            .map(|i| {
+                TxnOp::put(format!("/big/leased/{i:04}"), "v", Some(PutOptions::new().with_lease(lease)))
+            })
+            .collect();
+        src.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    let mut c = src.clone();
+    let moved = target_revisions_for(&agent, &mut src, &mut dst, async move {
+        c.lease_revoke(lease).await.unwrap();
+    })
+    .await;
+    assert_eq!(moved, 1, "{version}: the lease revoke landed in {moved} target revisions");
+    assert_eq!(scenario::count_prefix(&mut dst, "/big/leased/").await.unwrap(), 0);
+    assert!(matches!(g3().await.unwrap(), G3::Holds { keys: 128, .. }));
+    let status = agent.status().await.unwrap();
+    assert!(status.last_error.is_none(), "{:?}", status.last_error);
+}

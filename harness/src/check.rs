@@ -5,8 +5,8 @@
 //! at W and rewritten. Callable at any moment, also while the agent writes.
 
 use anyhow::{bail, Context as _};
-use etcd_client::{Client, GetOptions};
-use mirror_core::{KeyRange, KeyRewriter};
+use etcd_client::Client;
+use mirror_core::{KeyRange, KeyRewriter, Pager, PagerOptions, Side};
 use mirror_fence::Checkpoint;
 
 /// What a check found.
@@ -23,28 +23,21 @@ pub enum G3 {
     },
 }
 
-/// Reads every key of `window` at `revision` (0 = latest) in pages.
+/// Reads every key of `window` at `revision` (0 = latest), paged by keys and bytes like the
+/// agent's own readers ([`mirror_core::Pager`]), so ranges of large values are readable.
 pub async fn read_window(
     client: &mut Client,
     window: &KeyRange,
     revision: i64,
 ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let opts = PagerOptions::new("g3 check page", 2000, 4 << 20, std::time::Duration::from_secs(30))
+        .at_revision(revision);
+    let mut pager = Pager::new(client.kv_client(), Side::Target, vec![window.clone()], opts);
     let mut out = Vec::new();
-    let mut from = window.start.clone();
-    loop {
-        let mut opts = GetOptions::new().with_range(window.end.clone()).with_limit(2000);
-        if revision > 0 {
-            opts = opts.with_revision(revision);
-        }
-        let resp = client.get(from.clone(), Some(opts)).await?;
-        for kv in resp.kvs() {
-            out.push((kv.key().to_vec(), kv.value().to_vec()));
-        }
-        match (resp.more(), resp.kvs().last()) {
-            (true, Some(last)) => from = [last.key(), &[0u8]].concat(),
-            _ => return Ok(out),
-        }
+    while let Some(kvs) = pager.next_page().await? {
+        out.extend(kvs.into_iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())));
     }
+    Ok(out)
 }
 
 /// Checks G3 once. Errors describe the first differences.

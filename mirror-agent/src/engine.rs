@@ -64,7 +64,9 @@ use mirror_core::{
 };
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
 use mirror_scan::{count, Scanner};
-use mirror_watch::{convert_events, open_watch, Batch, Op, ReplayBuffer, Revision, RevisionBatcher};
+use mirror_watch::{
+    convert_events, open_watch, Batch, Op, OpChunker, ReplayBuffer, Revision, RevisionBatcher,
+};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -567,6 +569,13 @@ impl Run<'_> {
         }
     }
 
+    /// Packs independent target ops by `max_txn_ops` (one slot left for the checkpoint) and
+    /// `txn_flush_bytes`.
+    fn chunker(&self) -> OpChunker {
+        let sync = &self.cfg().sync;
+        OpChunker::new((sync.max_txn_ops as usize).saturating_sub(1), sync.txn_flush_bytes.bytes() as usize)
+    }
+
     /// Page limits and deadline of every reader, as configured.
     fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
         let sync = &self.cfg().sync;
@@ -800,22 +809,13 @@ impl Run<'_> {
                     // The forwarder stops early only on overflow or a compacted watch.
                     return Ok(());
                 }
-                let mut chunk: Vec<Op> = Vec::new();
-                let mut chunk_bytes = 0;
+                let mut chunker = OpChunker::new(max_ops, max_bytes);
                 for kv in &page.kvs {
                     let Some(key) = self.engine.rewriter.to_target(kv.key()) else { continue };
                     leased += u64::from(kv.lease() != 0);
-                    let op = Op::Put { key, value: kv.value().to_vec() };
-                    chunk_bytes += op.size();
-                    chunk.push(op);
-                    if chunk.len() >= max_ops || chunk_bytes >= max_bytes {
-                        cycle.push(std::mem::take(&mut chunk));
-                        chunk_bytes = 0;
-                    }
+                    cycle.extend(chunker.push(Op::Put { key, value: kv.value().to_vec() }));
                 }
-                if !chunk.is_empty() {
-                    cycle.push(chunk);
-                }
+                cycle.extend(chunker.take());
                 cursor = page.last_key().map(<[u8]>::to_vec).unwrap_or(cursor);
                 if cycle.len() >= SCAN_CYCLE_TXNS {
                     self.flush_scan_cycle(
@@ -894,7 +894,7 @@ impl Run<'_> {
     /// link found inside the destination range stops the sweep before anything is deleted.
     async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
         self.refuse_foreign_links().await?;
-        let max_ops = (self.cfg().sync.max_txn_ops as usize).saturating_sub(1).max(1);
+        let mut chunker = self.chunker();
         let page = self.page_options("sweep page").keys_only();
         let mut differ = mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),
@@ -903,23 +903,24 @@ impl Run<'_> {
             page,
         );
         let mut deleted = 0u64;
-        let mut batch: Vec<Op> = Vec::new();
         info!("prune sweep started");
         loop {
             let diff = differ.next_difference().await?;
             let done = diff.is_none();
-            if let Some(mirror_reconcile::Difference::Orphan { key, .. }) = diff {
-                batch.push(Op::Delete { key });
-            }
-            if batch.len() >= max_ops || (done && !batch.is_empty()) {
+            let full = match diff {
+                Some(mirror_reconcile::Difference::Orphan { key, .. }) => chunker.push(Op::Delete { key }),
+                _ if done => chunker.take(),
+                _ => None,
+            };
+            if let Some(batch) = full {
                 let mut next = self.writer().record().clone();
                 next.watermark = r0;
                 next.scanning = true;
                 next.prune_pending = true;
                 deleted += batch.len() as u64;
-                self.commit_with_retry(&std::mem::take(&mut batch), next).await?;
+                self.commit_with_retry(&batch, next).await?;
             }
-            if done {
+            if done && chunker.is_empty() {
                 break;
             }
         }
@@ -1038,9 +1039,8 @@ impl Run<'_> {
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
         let mut differ = self.differ_at_watermark();
-        let max_ops = (sync.max_txn_ops as usize).saturating_sub(1).max(1);
+        let mut chunker = self.chunker();
         let rate = sync.max_ops_per_second.max(0) as f64;
-        let mut batch: Vec<Op> = Vec::new();
         let mut repaired = 0u64;
         loop {
             let diff = match differ.next_difference().await {
@@ -1054,19 +1054,20 @@ impl Run<'_> {
                 Err(e) => return Err(e.into()),
             };
             let done = diff.is_none();
-            match diff {
+            let full = match diff {
                 Some(
                     mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e),
-                ) => batch.push(Op::Put { key: e.key, value: e.value }),
+                ) => chunker.push(Op::Put { key: e.key, value: e.value }),
                 Some(mirror_reconcile::Difference::Orphan { key, .. }) if delete_orphans => {
-                    batch.push(Op::Delete { key })
+                    chunker.push(Op::Delete { key })
                 }
-                _ => {}
-            }
-            if batch.len() >= max_ops || (done && !batch.is_empty()) {
+                _ if done => chunker.take(),
+                _ => None,
+            };
+            if let Some(batch) = full {
                 let n = batch.len() as u64;
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&std::mem::take(&mut batch), same).await?;
+                self.commit_with_retry(&batch, same).await?;
                 repaired += n;
                 // commit_with_retry paced the repair; a long paced pass must not let the
                 // source's events pile up in this process.
@@ -1074,7 +1075,7 @@ impl Run<'_> {
                     info!("long paced repair: source watch cancelled; will re-watch from the watermark");
                 }
             }
-            if done {
+            if done && chunker.is_empty() {
                 break;
             }
         }
@@ -1293,7 +1294,6 @@ impl Run<'_> {
         let ours_after = self.writer().create_revision();
         let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
         info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
-        let sync = self.cfg().sync.clone();
         let page = self.page_options("settle page").at_revision(end);
         let mut differ = mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),
@@ -1301,8 +1301,7 @@ impl Run<'_> {
             self.target_kv.clone(),
             page,
         );
-        let max_ops = (sync.max_txn_ops as usize).saturating_sub(1).max(1);
-        let mut batch: Vec<Op> = Vec::new();
+        let mut chunker = self.chunker();
         let mut differences = 0u64;
         loop {
             let diff = match differ.next_difference().await {
@@ -1337,13 +1336,12 @@ impl Run<'_> {
             if !repair {
                 continue;
             }
-            batch.push(op);
-            if batch.len() >= max_ops {
+            if let Some(batch) = chunker.push(op) {
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&std::mem::take(&mut batch), same).await?;
+                self.commit_with_retry(&batch, same).await?;
             }
         }
-        if !batch.is_empty() {
+        if let Some(batch) = chunker.take() {
             let same = self.writer().record().clone();
             self.commit_with_retry(&batch, same).await?;
         }

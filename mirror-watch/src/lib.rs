@@ -24,8 +24,14 @@ mod buffer;
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
-pub use batch::{convert_events, Batch, Converted, Op, Revision, RevisionBatcher};
+pub use batch::{convert_events, Batch, Converted, Op, OpChunker, Revision, RevisionBatcher};
 pub use buffer::{Overflow, ReplayBuffer};
+
+/// The largest watch response the client accepts. etcd sends a response as it is (a catch-up
+/// after a slow spell bundles up to 1 000 revisions; one revision of large values is up to the
+/// source's request limit), and a refused response would be refused again on every re-watch,
+/// so the limit is far above what a page read is allowed.
+pub const WATCH_RESPONSE_LIMIT: usize = 1 << 30;
 
 /// Opens a watch on the whole source range (excludes are filtered per event) from `start`.
 pub async fn open_watch(
@@ -35,5 +41,10 @@ pub async fn open_watch(
 ) -> Result<WatchStream, EtcdError> {
     let range = rewriter.source_range();
     let opts = WatchOptions::new().with_range(range.end).with_start_revision(start).with_progress_notify();
-    client.watch(range.start, Some(opts)).await.map_err(|e| EtcdError::new("open watch", Side::Source, e))
+    client
+        .watch_client()
+        .max_decoding_message_size(WATCH_RESPONSE_LIMIT)
+        .watch(range.start, Some(opts))
+        .await
+        .map_err(|e| EtcdError::new("open watch", Side::Source, e))
 }

@@ -395,6 +395,37 @@ impl EtcdCluster {
         &mut self.nodes[i]
     }
 
+    /// The index of the member that is the raft leader now, asked of each member that answers
+    /// (a stopped or paused member is skipped). Fails when no answering member names a leader
+    /// among the members within `within`.
+    pub async fn leader_index(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            for node in &self.nodes {
+                let ask = async {
+                    let mut c =
+                        agent_client(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(1))
+                            .await?;
+                    let status = c.status().await?;
+                    anyhow::Ok((status.leader(), status.header().map_or(0, |h| h.member_id())))
+                };
+                if let Ok(Ok((leader, me))) = tokio::time::timeout(Duration::from_secs(2), ask).await {
+                    if leader != 0 && leader == me {
+                        return Ok(self
+                            .nodes
+                            .iter()
+                            .position(|n| n.name() == node.name())
+                            .expect("own node"));
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("no member reports itself leader within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// All members.
     pub fn nodes(&mut self) -> &mut [Node] {
         &mut self.nodes
@@ -407,9 +438,14 @@ impl EtcdCluster {
 
     /// A client to every member, with the agent's keepalive settings (and the PKI's client
     /// certificate on a TLS cluster).
+    /// Only members that answer now are used (a stopped member would otherwise get a share of
+    /// the requests), as the agent does.
     pub async fn client(&self) -> anyhow::Result<Client> {
         let tls = self.nodes.first().and_then(Node::client_tls);
-        Ok(agent_client(&self.endpoints(), tls.as_ref(), Duration::from_secs(5)).await?)
+        let (side, sync) = client_settings(&self.endpoints(), tls.as_ref(), Duration::from_secs(2));
+        let probe = mirror_core::probe_members(mirror_core::Side::Source, &side, &sync).await?;
+        let reachable = probe.reachable_endpoints();
+        Ok(mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &reachable).await?)
     }
 
     /// A fault proxy in front of every member; the agent dials `proxies.endpoints()`.
@@ -449,6 +485,15 @@ pub async fn agent_client(
     tls: Option<&mirror_core::Tls>,
     dial_timeout: Duration,
 ) -> Result<Client, mirror_core::EtcdError> {
+    let (side, sync) = client_settings(endpoints, tls, dial_timeout);
+    mirror_core::connect(mirror_core::Side::Source, &side, &sync).await
+}
+
+fn client_settings(
+    endpoints: &[String],
+    tls: Option<&mirror_core::Tls>,
+    dial_timeout: Duration,
+) -> (mirror_core::SideConfig, mirror_core::SyncSection) {
     let side = mirror_core::SideConfig {
         endpoints: endpoints.to_vec(),
         prefix: String::new(),
@@ -457,9 +502,10 @@ pub async fn agent_client(
     };
     let sync = mirror_core::SyncSection {
         dial_timeout: mirror_core::HumanDuration(dial_timeout),
+        request_timeout: mirror_core::HumanDuration(Duration::from_secs(5)),
         ..mirror_core::SyncSection::default()
     };
-    mirror_core::connect(mirror_core::Side::Source, &side, &sync).await
+    (side, sync)
 }
 
 /// Polls until a linearizable read succeeds on `endpoints` (over TLS with `tls`).

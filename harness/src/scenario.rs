@@ -23,9 +23,14 @@ pub fn fast_config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefi
 
 /// A single-member source and target of etcd 3.5.1 on the detected launcher.
 pub async fn pair() -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
+    pair_of(EtcdVersion::V3_5_1, 1).await
+}
+
+/// A source and a target of `version`, each of `members` members (1 or 3).
+pub async fn pair_of(version: EtcdVersion, members: usize) -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
     Ok((
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await?,
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await?,
+        EtcdCluster::start(ClusterSpec::new(version).members(members)).await?,
+        EtcdCluster::start(ClusterSpec::new(version).members(members)).await?,
     ))
 }
 

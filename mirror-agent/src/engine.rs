@@ -58,8 +58,8 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
 use futures::StreamExt as _;
 use mirror_core::{
-    connect, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary, Config,
-    ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, MemberInfo, Mode, Phase, Side,
+    connect, connect_to, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary,
+    Config, ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, Mode, Phase, Probe, Side,
     SideStatus, Status, TrustProgressNotify,
 };
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
@@ -85,6 +85,9 @@ const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often the tail probes every member of both sides in the background, so a member that
+/// went down or came back shows in `MemberUnreachable` without a reconnect.
+const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -464,16 +467,17 @@ impl Engine {
         // Taken before the files are read, so a rotation racing the connect is seen next check.
         let tls_files = tls_fingerprint(&self.cfg);
         let sync = &self.cfg.sync;
-        let source_members = probe_members(Side::Source, &self.cfg.source, sync).await;
-        self.update(|s| reachability(s, "SourceReachable", &source_members));
-        let source_members = source_members.map_err(|e| self.refuse_tls_at_start(e))?;
-        let target_members = probe_members(Side::Target, &self.cfg.target, sync).await;
-        self.update(|s| reachability(s, "TargetReachable", &target_members));
-        let target_members = target_members.map_err(|e| self.refuse_tls_at_start(e))?;
+        let source_probe = probe_members(Side::Source, &self.cfg.source, sync).await;
+        self.update(|s| reachability(s, "SourceReachable", &source_probe));
+        let source_probe = source_probe.map_err(|e| self.refuse_tls_at_start(e))?;
+        let target_probe = probe_members(Side::Target, &self.cfg.target, sync).await;
+        self.update(|s| reachability(s, "TargetReachable", &target_probe));
+        let target_probe = target_probe.map_err(|e| self.refuse_tls_at_start(e))?;
         self.ever_connected = true;
         let expiry = (tls_expiry(&self.cfg.source), tls_expiry(&self.cfg.target));
-        let (source_info, source_cluster) = side_status(Side::Source, &source_members)?;
-        let (target_info, target_cluster) = side_status(Side::Target, &target_members)?;
+        let (source_info, source_cluster) = side_status(Side::Source, &source_probe)?;
+        let (target_info, target_cluster) = side_status(Side::Target, &target_probe)?;
+        self.update(|s| members_reachable(s, &source_probe, &target_probe));
         let learner = source_info.learner || target_info.learner;
         let trust = match sync.trust_progress_notify {
             TrustProgressNotify::Always => true,
@@ -496,8 +500,11 @@ impl Engine {
             }
         }
 
-        let source = connect(Side::Source, &self.cfg.source, sync).await?;
-        let target = connect(Side::Target, &self.cfg.target, sync).await?;
+        let sync = &self.cfg.sync;
+        let source =
+            connect_to(Side::Source, &self.cfg.source, sync, &source_probe.reachable_endpoints()).await?;
+        let target =
+            connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
         let mut run = Run {
             engine: self,
             source,
@@ -511,10 +518,14 @@ impl Engine {
             tls_files,
             idle_replies: 0,
             drain_settles: 0,
+            member_probe: None,
         };
         run.start(pending).await
     }
 }
+
+/// A probe of the source and of the target.
+type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
 
 /// Everything one connected run needs.
 struct Run<'e> {
@@ -536,6 +547,8 @@ struct Run<'e> {
     idle_replies: u32,
     /// Comparisons in a row during a drain that found the target behind.
     drain_settles: u32,
+    /// A background probe of every member of both sides (for `MemberUnreachable`).
+    member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is
@@ -1141,6 +1154,7 @@ impl Run<'_> {
         let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
+        let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -1166,6 +1180,22 @@ impl Run<'_> {
                 _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
                     if tls_fingerprint(self.cfg()) != self.tls_files {
                         return Err(EngineError::Reconnect("TlsFilesChanged"));
+                    }
+                    continue;
+                }
+                _ = member_check.tick(), if self.member_probe.is_none() => {
+                    let cfg = self.engine.cfg.clone();
+                    self.member_probe = Some(tokio::spawn(async move {
+                        let source = probe_members(Side::Source, &cfg.source, &cfg.sync).await;
+                        let target = probe_members(Side::Target, &cfg.target, &cfg.sync).await;
+                        (source, target)
+                    }));
+                    continue;
+                }
+                probed = join_some(&mut self.member_probe) => {
+                    self.member_probe = None;
+                    if let Ok((Ok(source), Ok(target))) = probed {
+                        self.engine.update(|s| members_reachable(s, &source, &target));
                     }
                     continue;
                 }
@@ -1582,6 +1612,14 @@ async fn reload_changed(reload: &mut Option<tokio::sync::watch::Receiver<Config>
     }
 }
 
+/// The result of a spawned task, or never when there is none.
+async fn join_some<T>(task: &mut Option<tokio::task::JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
+    match task {
+        Some(handle) => handle.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps until `at`, or forever when there is no deadline.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
@@ -1638,7 +1676,25 @@ fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpir
     side.tls.as_ref().map(mirror_core::tls::expiry).unwrap_or_default()
 }
 
-fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), EngineError> {
+/// Lists the endpoints that did not answer and sets `MemberUnreachable` accordingly.
+fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) {
+    let down: Vec<String> = [(Side::Source, source), (Side::Target, target)]
+        .iter()
+        .flat_map(|(side, probe)| {
+            probe.unreachable.iter().map(move |(url, why)| format!("{side} {url}: {why}"))
+        })
+        .collect();
+    s.source.unreachable_endpoints = source.unreachable.iter().map(|(url, _)| url.clone()).collect();
+    s.target.unreachable_endpoints = target.unreachable.iter().map(|(url, _)| url.clone()).collect();
+    if down.is_empty() {
+        s.set_condition("MemberUnreachable", false, "AllMembersAnswer", "");
+    } else {
+        s.set_condition("MemberUnreachable", true, "ProbeFailed", down.join("; "));
+    }
+}
+
+fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64), EngineError> {
+    let members = &probe.members;
     let mut lowest: Option<(u32, u32, u32)> = None;
     let mut version = String::new();
     for m in members {
@@ -1669,6 +1725,7 @@ fn side_status(side: Side, members: &[MemberInfo]) -> Result<(SideStatus, u64), 
             version,
             cluster_id: cluster.to_string(),
             learner: members.iter().any(|m| m.learner),
+            unreachable_endpoints: probe.unreachable.iter().map(|(url, _)| url.clone()).collect(),
             tls_cert_expiry: Vec::new(),
         },
         cluster,

@@ -41,9 +41,19 @@ pub struct MemberInfo {
 /// that is down or refuses the handshake shows at the first call; [`probe_members`] dials
 /// eagerly to tell those apart.
 pub async fn connect(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result<Client, EtcdError> {
+    connect_to(side, cfg, sync, &cfg.endpoints).await
+}
+
+/// [`connect()`] to `endpoints` only (those a [`probe_members`] found answering): requests are
+/// never balanced onto a member known to be down.
+pub async fn connect_to(
+    side: Side,
+    cfg: &SideConfig,
+    sync: &SyncSection,
+    endpoints: &[String],
+) -> Result<Client, EtcdError> {
     let tls = load_tls(side, cfg)?;
-    let endpoints = cfg
-        .endpoints
+    let endpoints = endpoints
         .iter()
         .map(|url| endpoint(side, url, tls.as_ref(), sync.dial_timeout.get()))
         .collect::<Result<Vec<_>, _>>()?;
@@ -122,30 +132,85 @@ pub fn read_password(auth: &crate::config::Auth) -> Result<String, String> {
     Err("needs password_file or password_env".into())
 }
 
-/// Asks every endpoint of a side for its Maintenance Status, each over its own connection so
-/// that a learner or a member of another cluster hiding behind the balancer is seen.
-pub async fn probe_members(
+/// What probing every endpoint of a side found.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The members that answered.
+    pub members: Vec<MemberInfo>,
+    /// Endpoints that did not answer, each with why.
+    pub unreachable: Vec<(String, String)>,
+}
+
+impl Probe {
+    /// The endpoints that answered, in configured order.
+    pub fn reachable_endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint.clone()).collect()
+    }
+}
+
+/// Asks every endpoint of a side for its Maintenance Status, all at once and each over its own
+/// connection, so a learner or a member of another cluster hiding behind the balancer is seen.
+/// The side is usable while any endpoint answers and its cluster has a leader: one member
+/// down (or being restarted) is listed in [`Probe::unreachable`], not an error. With no
+/// endpoint answering, the first endpoint's error is returned (a TLS or auth refusal there is
+/// what the operator must fix); with no leader, a transient `NoLeader`.
+pub async fn probe_members(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result<Probe, EtcdError> {
+    let tls = load_tls(side, cfg)?;
+    let asks = cfg.endpoints.iter().map(|url| probe_one(side, cfg, sync, url, tls.as_ref()));
+    let answers = futures::future::join_all(asks).await;
+    let mut probe = Probe { members: Vec::new(), unreachable: Vec::new() };
+    let mut first_error = None;
+    let mut has_leader = false;
+    for (url, answer) in cfg.endpoints.iter().zip(answers) {
+        match answer {
+            Ok((member, leader)) => {
+                has_leader |= leader;
+                probe.members.push(member);
+            }
+            Err(e) => {
+                probe.unreachable.push((url.clone(), e.to_string()));
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if probe.members.is_empty() {
+        return Err(first_error.expect("at least one endpoint is configured"));
+    }
+    if !has_leader {
+        return Err(EtcdError {
+            op: "status",
+            side,
+            fault: Fault::NoLeader,
+            source: etcd_client::Error::IoError(std::io::Error::other(format!(
+                "{side}: {} endpoint(s) answer but none knows a leader",
+                probe.members.len()
+            ))),
+        });
+    }
+    Ok(probe)
+}
+
+/// One endpoint's Maintenance Status: the member, and whether it knows a leader.
+async fn probe_one(
     side: Side,
     cfg: &SideConfig,
     sync: &SyncSection,
-) -> Result<Vec<MemberInfo>, EtcdError> {
-    let tls = load_tls(side, cfg)?;
-    let mut out = Vec::with_capacity(cfg.endpoints.len());
-    for url in &cfg.endpoints {
-        let channel = endpoint(side, url, tls.as_ref(), sync.dial_timeout.get())?
-            .connect()
-            .await
-            .map_err(|e| dial_error(side, url, e))?;
-        let mut client = client(side, cfg, channel).await?;
-        let status = unary("status", side, sync.request_timeout.get(), client.status()).await?;
-        out.push(MemberInfo {
-            endpoint: url.clone(),
-            version: status.version().to_owned(),
-            cluster_id: status.header().map_or(0, |h| h.cluster_id()),
-            learner: status.is_learner(),
-        });
-    }
-    Ok(out)
+    url: &str,
+    tls: Option<&TlsMaterial>,
+) -> Result<(MemberInfo, bool), EtcdError> {
+    let channel = endpoint(side, url, tls, sync.dial_timeout.get())?
+        .connect()
+        .await
+        .map_err(|e| dial_error(side, url, e))?;
+    let mut client = client(side, cfg, channel).await?;
+    let status = unary("status", side, sync.request_timeout.get(), client.status()).await?;
+    let member = MemberInfo {
+        endpoint: url.to_owned(),
+        version: status.version().to_owned(),
+        cluster_id: status.header().map_or(0, |h| h.cluster_id()),
+        learner: status.is_learner(),
+    };
+    Ok((member, status.leader() != 0))
 }
 
 /// A failed dial, with the TLS reason and what to check spelled out when the handshake was

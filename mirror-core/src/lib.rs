@@ -36,8 +36,8 @@ pub use config::{
     Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, parse_version, probe_members, progress_notify_trustworthy, read_password, unary, MemberInfo,
-    KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
+    connect, connect_to, parse_version, probe_members, progress_notify_trustworthy, read_password, unary,
+    MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};

@@ -61,6 +61,10 @@ pub struct SideStatus {
     pub cluster_id: String,
     /// Whether any endpoint is a learner.
     pub learner: bool,
+    /// Configured endpoints that did not answer the last probe (a member down); replication
+    /// goes on through the others while the cluster has a leader.
+    #[serde(default)]
+    pub unreachable_endpoints: Vec<String>,
     /// Expiry of the TLS material loaded at the last connect (`ca`, `client`); empty without TLS.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls_cert_expiry: Vec<crate::tls::CertExpiry>,

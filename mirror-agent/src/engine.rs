@@ -503,6 +503,24 @@ impl Engine {
         let sync = &self.cfg.sync;
         let source =
             connect_to(Side::Source, &self.cfg.source, sync, &source_probe.reachable_endpoints()).await?;
+        let reverse = mirror_reconcile::find_reverse_link(
+            &mut source.kv_client(),
+            &self.rewriter,
+            source_cluster,
+            target_cluster,
+            sync.request_timeout.get(),
+        )
+        .await?;
+        if let Some(other) = reverse {
+            let message = format!(
+                "link {:?} mirrors this link's target cluster into its source range (its checkpoint is at {} in the source); \
+                 together they would echo every write forever, so nothing was written",
+                other.link_uid,
+                self.rewriter.redact(&other.namespace)
+            );
+            self.update(|s| s.set_condition("DirectionConflict", true, "ReverseLink", message.clone()));
+            return Err(EngineError::Refused { reason: "DirectionConflict", message });
+        }
         let target =
             connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
         let mut run = Run {
@@ -735,6 +753,10 @@ impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
     async fn genesis(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         self.engine.set_phase(Phase::InitialSync);
+        if prune {
+            // Before the first data write, not only before the sweep.
+            self.refuse_foreign_links().await?;
+        }
         let mut watch = match self.open_watch(r0 + 1).await {
             Ok(w) => w,
             Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {

@@ -293,3 +293,46 @@ pub async fn find_foreign_link(
     }
     Ok(None)
 }
+
+/// A link writing *into* this link's source range from this link's target cluster: together the
+/// two would echo every write back and forth forever.
+///
+/// Its checkpoint lies at `P + "\0etcd-mirror/checkpoint"` in our source cluster for some
+/// prefix `P` of our source prefix (its destination covers our source range), and names our
+/// target cluster as its source and our source cluster as its target. Every such `P` is read
+/// in one Txn of point Gets: no scan. (A link whose destination is nested strictly inside our
+/// source range is not looked for here; its checkpoint is never replicated either way.)
+pub async fn find_reverse_link(
+    source: &mut KvClient,
+    rewriter: &KeyRewriter,
+    source_cluster: u64,
+    target_cluster: u64,
+    timeout: std::time::Duration,
+) -> Result<Option<ForeignLink>, EtcdError> {
+    let prefix = rewriter.source_prefix();
+    let candidates: Vec<Vec<u8>> = (0..=prefix.len())
+        .map(|n| [&prefix[..n], mirror_core::RESERVED_MARKER.as_bytes()].concat())
+        .collect();
+    for chunk in candidates.chunks(64) {
+        let gets: Vec<etcd_client::TxnOp> = chunk
+            .iter()
+            .map(|ns| etcd_client::TxnOp::get([ns.as_slice(), b"checkpoint"].concat(), None))
+            .collect();
+        let resp = mirror_core::unary(
+            "look for a reverse link",
+            Side::Source,
+            timeout,
+            source.txn(etcd_client::Txn::new().and_then(gets)),
+        )
+        .await?;
+        for (ns, op) in chunk.iter().zip(resp.op_responses()) {
+            let etcd_client::TxnOpResponse::Get(get) = op else { continue };
+            let Some(kv) = get.kvs().first() else { continue };
+            let Ok(record) = mirror_fence::Checkpoint::decode(kv.value()) else { continue };
+            if record.source_cluster_id == target_cluster && record.target_cluster_id == source_cluster {
+                return Ok(Some(ForeignLink { link_uid: record.link_uid, namespace: ns.clone() }));
+            }
+        }
+    }
+    Ok(None)
+}

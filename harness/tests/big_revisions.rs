@@ -82,3 +82,44 @@ async fn big_revisions_land_as_one_target_revision(#[case] version: EtcdVersion)
     let status = agent.status().await.unwrap();
     assert!(status.last_error.is_none(), "{:?}", status.last_error);
 }
+
+/// A `del --prefix` whose deletes alone are over the target's `--max-request-bytes` (3 000 keys
+/// of ~80 bytes against 64 KiB): the runs of deleted keys are coalesced into range deletes and
+/// the revision still lands as one target revision. A key the range must not touch (under an
+/// excluded prefix, present only in the target) sits among the deleted keys and survives.
+#[rstest]
+#[case::v3_5_1(EtcdVersion::V3_5_1)]
+#[case::v3_4_23(EtcdVersion::V3_4_23)]
+#[tokio::test]
+async fn deletes_over_the_request_limit_are_coalesced(#[case] version: EtcdVersion) {
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    let pad = "p".repeat(60);
+    for start in (0..3_000).step_by(100) {
+        let ops: Vec<TxnOp> =
+            (start..start + 100).map(|i| TxnOp::put(format!("/wide/a-{i:04}-{pad}"), "v", None)).collect();
+        src.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    src.put("/wide/b-stays", "v", None).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "coalesce", "/wide/")
+        .with("txn_flush_bytes = \"32KiB\"\nexclude_prefixes = [\"a-1500-excluded/\"]");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await.unwrap();
+    // Not ours: under an excluded prefix, between a-1500-… and a-1501-… in key order.
+    dst.put("/wide/a-1500-excluded/keep", "theirs", None).await.unwrap();
+
+    let mut c = src.clone();
+    let moved = target_revisions_for(&agent, &mut src, &mut dst, async move {
+        c.delete("/wide/a-", Some(DeleteOptions::new().with_prefix())).await.unwrap();
+    })
+    .await;
+    assert_eq!(moved, 1, "{version}: the coalesced deletes landed in {moved} target revisions");
+    let left = dst.get("/wide/a-", Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let left: Vec<&[u8]> = left.kvs().iter().map(|kv| kv.key()).collect();
+    assert_eq!(left, vec![&b"/wide/a-1500-excluded/keep"[..]], "only the excluded key is left");
+    assert_eq!(dst.get("/wide/b-stays", None).await.unwrap().kvs().len(), 1);
+    assert!(agent.log().contains("coalesced into range deletes"), "the revision was never over the limit");
+    assert!(agent.status().await.unwrap().last_error.is_none());
+}

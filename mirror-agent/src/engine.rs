@@ -1496,6 +1496,18 @@ impl Run<'_> {
                     self.writer = Some(writer);
                     return Box::pin(self.apply(batch, scan_end)).await;
                 }
+                if e.fault == Fault::RequestTooLarge {
+                    if let Some(coalesced) = self.coalesce_deletes(&ops).await? {
+                        info!(
+                            revision = last,
+                            ops = ops.len(),
+                            now = coalesced.len(),
+                            "revision over the target's request limit: runs of deletes coalesced into range deletes"
+                        );
+                        let batch = Batch { revisions: vec![Revision { revision: last, ops: coalesced }] };
+                        return Box::pin(self.apply(batch, scan_end)).await;
+                    }
+                }
                 let key = ops.first().map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default();
                 let bytes: usize = ops.iter().map(Op::size).sum();
                 return Err(EngineError::Refused {
@@ -1525,6 +1537,71 @@ impl Run<'_> {
             self.finish_genesis_if_due(scan_end, last).await?;
         }
         Ok(())
+    }
+
+    /// A revision's ops with runs of deleted keys replaced by range deletes, or `None` when no
+    /// run of two or more could be formed. A run is a sequence of keys that are next to each
+    /// other *in the target*: the target is read (keys only) over the deletes' span, and any key
+    /// there that this revision does not delete (an excluded, reserved, foreign or untouched
+    /// key), and any key it puts, ends the run. So a range delete removes exactly the keys the
+    /// source revision deleted.
+    async fn coalesce_deletes(&mut self, ops: &[Op]) -> Result<Option<Vec<Op>>, EngineError> {
+        let mut deletes: Vec<&[u8]> =
+            ops.iter().filter(|op| matches!(op, Op::Delete { .. })).map(Op::key).collect();
+        if deletes.len() < 2 {
+            return Ok(None);
+        }
+        deletes.sort_unstable();
+        let puts: std::collections::BTreeSet<&[u8]> =
+            ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(Op::key).collect();
+        let span = mirror_core::KeyRange {
+            start: deletes[0].to_vec(),
+            end: [deletes[deletes.len() - 1], &[0u8]].concat(),
+        };
+        let page = self.page_options("coalesce page").keys_only();
+        let mut target =
+            mirror_reconcile::RangeReader::new(self.target_kv.clone(), Side::Target, vec![span], page);
+        let mut out: Vec<Op> = ops.iter().filter(|op| matches!(op, Op::Put { .. })).cloned().collect();
+        let mut run: Vec<Vec<u8>> = Vec::new();
+        let mut next_delete = deletes.iter().peekable();
+        let close = |run: &mut Vec<Vec<u8>>, out: &mut Vec<Op>| match run.len() {
+            0 => {}
+            1 => out.push(Op::Delete { key: run.pop().expect("one") }),
+            _ => {
+                let key = run.first().expect("two").clone();
+                let end = [run.last().expect("two").as_slice(), &[0u8]].concat();
+                out.push(Op::DeleteRange { key, end });
+                run.clear();
+            }
+        };
+        while let Some(kv) = target.next().await? {
+            let key = kv.key();
+            // Deletes of keys the target does not hold (none, if G3 holds) stay single.
+            while next_delete.peek().is_some_and(|d| **d < key) {
+                close(&mut run, &mut out);
+                out.push(Op::Delete { key: next_delete.next().expect("peeked").to_vec() });
+            }
+            let deleted_here = next_delete.peek().is_some_and(|d| **d == key);
+            let put_between = run.last().is_some_and(|last| {
+                puts.range::<[u8], _>((
+                    std::ops::Bound::Excluded(last.as_slice()),
+                    std::ops::Bound::Excluded(key),
+                ))
+                .next()
+                .is_some()
+            });
+            if put_between {
+                close(&mut run, &mut out);
+            }
+            if deleted_here {
+                run.push(next_delete.next().expect("peeked").to_vec());
+            } else {
+                close(&mut run, &mut out);
+            }
+        }
+        close(&mut run, &mut out);
+        out.extend(next_delete.map(|d| Op::Delete { key: d.to_vec() }));
+        Ok((out.len() < ops.len()).then_some(out))
     }
 
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies

@@ -20,13 +20,21 @@ pub enum Op {
         /// Target key.
         key: Vec<u8>,
     },
+    /// Delete every key in `[key, end)`: a run of deletes coalesced after the agent checked
+    /// that the target holds exactly those keys in the range.
+    DeleteRange {
+        /// First target key.
+        key: Vec<u8>,
+        /// First key after the range.
+        end: Vec<u8>,
+    },
 }
 
 impl Op {
     /// The target key.
     pub fn key(&self) -> &[u8] {
         match self {
-            Op::Put { key, .. } | Op::Delete { key } => key,
+            Op::Put { key, .. } | Op::Delete { key } | Op::DeleteRange { key, .. } => key,
         }
     }
 
@@ -36,6 +44,7 @@ impl Op {
         match self {
             Op::Put { key, value } => key.len() + value.len() + OVERHEAD,
             Op::Delete { key } => key.len() + OVERHEAD,
+            Op::DeleteRange { key, end } => key.len() + end.len() + OVERHEAD,
         }
     }
 
@@ -44,6 +53,9 @@ impl Op {
         match self {
             Op::Put { key, value } => TxnOp::put(key.clone(), value.clone(), None),
             Op::Delete { key } => TxnOp::delete(key.clone(), None),
+            Op::DeleteRange { key, end } => {
+                TxnOp::delete(key.clone(), Some(etcd_client::DeleteOptions::new().with_range(end.clone())))
+            }
         }
     }
 }

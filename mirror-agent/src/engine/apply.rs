@@ -1,0 +1,277 @@
+//! Committing batches of whole revisions through the fence, with retries by error class.
+
+use super::*;
+
+impl Run<'_> {
+    /// Packs whole revisions into batches (flushing at the end: the end of a watch response or
+    /// of the replay) and commits each.
+    pub(super) async fn apply_revisions(
+        &mut self,
+        revisions: Vec<Revision>,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        let sync = &self.cfg().sync;
+        let mut batcher =
+            RevisionBatcher::new(sync.max_txn_ops as usize, sync.txn_flush_bytes.bytes() as usize);
+        for rev in revisions {
+            if let Some(b) = batcher.push(rev) {
+                self.apply(b, scan_end).await?;
+            }
+        }
+        if let Some(b) = batcher.take() {
+            self.apply(b, scan_end).await?;
+        }
+        Ok(())
+    }
+
+    /// Commits one batch with its checkpoint; splits it when the target finds it too big.
+    pub(super) async fn apply(
+        &mut self,
+        batch: Batch,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        let last = batch.last_revision();
+        let ops: Vec<Op> = batch.ops().cloned().collect();
+        let mut next = self.writer().record().clone();
+        next.watermark = last;
+        let done = scan_end.is_some_and(|end| last >= end);
+        if scan_end.is_some() {
+            next.scanning = !done;
+            if done {
+                next.scan_cursor.clear();
+                next.prune_pending = false;
+            }
+        }
+        match self.commit_with_retry(&ops, next).await {
+            Ok(()) => {}
+            Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
+                if batch.revisions.len() > 1 {
+                    warn!(
+                        revisions = batch.revisions.len(),
+                        ops = ops.len(),
+                        "target refused a merged Txn as too big; retrying one revision at a time"
+                    );
+                    for one in batch.split() {
+                        Box::pin(self.apply(one, scan_end)).await?;
+                    }
+                    return Ok(());
+                }
+                let per_level = self.writer().max_txn_ops();
+                if e.fault == Fault::TooManyOps && per_level > 2 {
+                    // The target allows fewer ops per level than configured: lay the Txn out
+                    // deeper rather than give up a revision that fits its byte limit.
+                    warn!(
+                        configured = per_level,
+                        now = per_level / 2,
+                        "target refused a Txn for too many ops per level; sync.max_txn_ops is above the target's --max-txn-ops"
+                    );
+                    let writer = self.writer.take().expect("fence claimed").with_max_txn_ops(per_level / 2);
+                    self.writer = Some(writer);
+                    return Box::pin(self.apply(batch, scan_end)).await;
+                }
+                if e.fault == Fault::RequestTooLarge {
+                    if let Some(coalesced) = self.coalesce_deletes(&ops).await? {
+                        info!(
+                            revision = last,
+                            ops = ops.len(),
+                            now = coalesced.len(),
+                            "revision over the target's request limit: runs of deletes coalesced into range deletes"
+                        );
+                        let batch = Batch { revisions: vec![Revision { revision: last, ops: coalesced }] };
+                        return Box::pin(self.apply(batch, scan_end)).await;
+                    }
+                }
+                let key = ops.first().map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default();
+                let bytes: usize = ops.iter().map(Op::size).sum();
+                return Err(EngineError::Refused {
+                    reason: "RevisionTooLarge",
+                    message: format!(
+                        "source revision {last} ({} ops, {bytes} bytes, first key {key}) is too large for the target ({:?}); nothing of it was applied. Raise the target's --max-request-bytes above {bytes}",
+                        ops.len(),
+                        e.fault
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        let n = ops.len() as u64;
+        if scan_end.is_none() {
+            self.engine.resyncs_in_a_row = 0;
+        }
+        self.engine.update(|s| {
+            s.watermark = last;
+            s.keys_applied_total += n;
+            s.last_progress_time = Some(now_rfc3339());
+            if n > 0 && s.condition("ResyncLoopDetected") {
+                s.set_condition("ResyncLoopDetected", false, "LiveApply", "");
+            }
+        });
+        if done {
+            self.finish_genesis_if_due(scan_end, last).await?;
+        }
+        Ok(())
+    }
+
+    /// A revision's ops with runs of deleted keys replaced by range deletes, or `None` when no
+    /// run of two or more could be formed. A run is a sequence of keys that are next to each
+    /// other *in the target*: the target is read (keys only) over the deletes' span, and any key
+    /// there that this revision does not delete (an excluded, reserved, foreign or untouched
+    /// key), and any key it puts, ends the run. So a range delete removes exactly the keys the
+    /// source revision deleted.
+    pub(super) async fn coalesce_deletes(&mut self, ops: &[Op]) -> Result<Option<Vec<Op>>, EngineError> {
+        let mut deletes: Vec<&[u8]> =
+            ops.iter().filter(|op| matches!(op, Op::Delete { .. })).map(Op::key).collect();
+        if deletes.len() < 2 {
+            return Ok(None);
+        }
+        deletes.sort_unstable();
+        let puts: std::collections::BTreeSet<&[u8]> =
+            ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(Op::key).collect();
+        let span = mirror_core::KeyRange {
+            start: deletes[0].to_vec(),
+            end: [deletes[deletes.len() - 1], &[0u8]].concat(),
+        };
+        let page = self.page_options("coalesce page").keys_only();
+        let mut target =
+            mirror_reconcile::RangeReader::new(self.target_kv.clone(), Side::Target, vec![span], page);
+        let mut out: Vec<Op> = ops.iter().filter(|op| matches!(op, Op::Put { .. })).cloned().collect();
+        let mut run: Vec<Vec<u8>> = Vec::new();
+        let mut next_delete = deletes.iter().peekable();
+        let close = |run: &mut Vec<Vec<u8>>, out: &mut Vec<Op>| match run.len() {
+            0 => {}
+            1 => out.push(Op::Delete { key: run.pop().expect("one") }),
+            _ => {
+                let key = run.first().expect("two").clone();
+                let end = [run.last().expect("two").as_slice(), &[0u8]].concat();
+                out.push(Op::DeleteRange { key, end });
+                run.clear();
+            }
+        };
+        while let Some(kv) = target.next().await? {
+            let key = kv.key();
+            // Deletes of keys the target does not hold (none, if G3 holds) stay single.
+            while next_delete.peek().is_some_and(|d| **d < key) {
+                close(&mut run, &mut out);
+                out.push(Op::Delete { key: next_delete.next().expect("peeked").to_vec() });
+            }
+            let deleted_here = next_delete.peek().is_some_and(|d| **d == key);
+            let put_between = run.last().is_some_and(|last| {
+                puts.range::<[u8], _>((
+                    std::ops::Bound::Excluded(last.as_slice()),
+                    std::ops::Bound::Excluded(key),
+                ))
+                .next()
+                .is_some()
+            });
+            if put_between {
+                close(&mut run, &mut out);
+            }
+            if deleted_here {
+                run.push(next_delete.next().expect("peeked").to_vec());
+            } else {
+                close(&mut run, &mut out);
+            }
+        }
+        close(&mut run, &mut out);
+        out.extend(next_delete.map(|d| Op::Delete { key: d.to_vec() }));
+        Ok((out.len() < ops.len()).then_some(out))
+    }
+
+    /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
+    /// at once): after `ops` ops, wait `ops / rate` seconds.
+    pub(super) async fn pace(&self, ops: usize) {
+        let rate = self.cfg().sync.max_ops_per_second;
+        if rate > 0 && ops > 0 {
+            tokio::time::sleep(Duration::from_secs_f64(ops as f64 / rate as f64)).await;
+        }
+    }
+
+    /// One fenced Txn, retried through transient errors, throttling and a full target.
+    pub(super) async fn commit_with_retry(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+    ) -> Result<(), EngineError> {
+        let cfg = self.engine.cfg.sync.clone();
+        let mut delay = cfg.backoff.initial.get();
+        let mut rounds = 0u32;
+        loop {
+            let txn_ops = ops.iter().map(Op::to_txn_op).collect();
+            let started = Instant::now();
+            let result = self.writer().commit(txn_ops, Some(next.clone())).await;
+            let err = match result {
+                Ok(_) => {
+                    if let Some(m) = &self.engine.metrics {
+                        m.apply_latency.observe(started.elapsed().as_secs_f64());
+                        m.batch_size.observe(ops.len() as f64);
+                    }
+                    self.pace(ops.len()).await;
+                    // Status follows the fence: what the target holds is what status shows.
+                    self.engine.update(|s| s.watermark = next.watermark);
+                    if rounds > 0 {
+                        info!("target accepts writes again");
+                        self.engine.update(|s| {
+                            s.set_condition("TargetThrottled", false, "Recovered", "");
+                            s.set_condition("TargetQuotaExhausted", false, "Recovered", "");
+                            s.set_condition("TargetReachable", true, "Recovered", "");
+                        });
+                        let phase = if next.scanning { Phase::InitialSync } else { Phase::Syncing };
+                        self.engine.set_phase(phase);
+                    }
+                    return Ok(());
+                }
+                Err(FenceError::Etcd(e)) => e,
+                Err(f) => return Err(f.into()),
+            };
+            rounds += 1;
+            if rounds == 3 && self.watch.take().is_some() {
+                warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
+            }
+            match err.class() {
+                ErrorClass::Quota => {
+                    if rounds == 1 {
+                        error!("target out of space; holding writes and probing");
+                        self.engine.set_phase(Phase::Degraded);
+                        self.engine.update(|s| {
+                            s.set_condition("TargetQuotaExhausted", true, "NoSpace", err.to_string())
+                        });
+                    }
+                    delay = cfg.backoff.max.get().min(Duration::from_secs(60));
+                }
+                ErrorClass::Throttle => {
+                    self.engine.update(|s| {
+                        s.set_condition("TargetThrottled", true, "TooManyRequests", err.to_string())
+                    });
+                    delay = (delay * 2).min(cfg.backoff.max.get());
+                }
+                ErrorClass::Transient => {
+                    // Retrying on this client cannot pick up new TLS files: only a reconnect
+                    // reads them. The batch is not lost: nothing past the watermark landed.
+                    if err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files {
+                        return Err(EngineError::Reconnect("TlsRejectedOrFilesChanged"));
+                    }
+                    if rounds == 3 {
+                        warn!("target unavailable for 3 rounds: {err}");
+                        self.engine.set_phase(Phase::Degraded);
+                        self.engine.update(|s| {
+                            s.set_condition(
+                                "TargetReachable",
+                                false,
+                                &format!("{:?}", err.fault),
+                                err.to_string(),
+                            )
+                        });
+                    }
+                    delay = (delay * 2).min(cfg.backoff.max.get());
+                }
+                _ => return Err(err.into()),
+            }
+            tokio::select! {
+                _ = self.engine.shutdown.cancelled() => {
+                    return Err(EngineError::Etcd(err));
+                }
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The replication engine: connect → initial_sync → syncing, with degraded, standby and failed.
+//!
+//! ## Invariants this module upholds
+//! - **G1** Reads go to the source client only; writes only through the [`FencedWriter`] of the
+//!   target, and only to keys the [`KeyRewriter`] produced or the checkpoint key.
+//! - **G2** Target Txns are built from [`Batch`]es of whole revisions; a Txn the target refuses
+//!   as too big is retried one revision at a time; a single revision still refused is
+//!   permanent, named by its first key (redacted).
+//! - **G3** The checkpoint moves in the same Txn as the data it describes, so the target never
+//!   reflects a revision the checkpoint does not name. `scanning` stays true until the replay
+//!   has passed `scan_end`, the source revision after the last page was read; only then does the
+//!   target equal the source at the watermark.
+//! - **G5** Every restart resumes from the checkpoint: mid-scan from `scan_cursor`, in the tail
+//!   from `watermark + 1`. Only a compaction past the needed revision forces a fresh genesis,
+//!   and that one always ends with a mark-and-sweep prune.
+//! - **G7** A corrupt checkpoint, another link's checkpoint, a newer epoch or role primary
+//!   stop all writes.
+//!
+//! ## Where each phase lives
+//! - `run_loop`: the outer loop (reconnect, backoff, fresh genesis, failed, cold standby).
+//! - `probe`: connecting both sides, member probes, version, cluster and direction checks.
+//! - `start`: reading the checkpoint and choosing tail, scan resume or fresh genesis; the claim.
+//! - `genesis`: the buffered watch and the pipelined scan.
+//! - `tail`: watch responses, progress, timers (fence, members, TLS files, reconcile).
+//! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
+//! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
+//! - `settle`: completing an initial sync or a drain on an idle source by comparison.
+//!
+//! ## Why `scan_end` and not R0 ends the initial sync
+//! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
+//! may be missing. Every such difference is a source change at a revision in (R0, scan_end],
+//! and the watch opened at R0 + 1 delivers each of them. Once the replay has applied every
+//! revision up to scan_end, the target equals the source at the watermark.
+//!
+//! ## Why genesis and drain completion do not rest on an untrusted progress reply
+//! "Every revision up to X has been delivered" is proven in one of two ways only:
+//! 1. An *event* above X arrived on the watch. etcd sends one watcher's events in revision
+//!    order, so every event at or below X came before it.
+//! 2. On a server whose progress notifications are trusted (3.4.25+, 3.5.8+, or configured),
+//!    a progress notification at or above X.
+//!
+//! Older servers answer a progress request from a control queue that the send loop drains in
+//! random order with the watcher's event queue, and a slow watcher's events (one parked
+//! server-side while nobody read the stream, e.g. during a sweep) are re-read from the backend
+//! later still. So the reply's header can be ahead of events still to come; taking it as
+//! proof dropped those events as "at or below the watermark" and lost data (issue #9,
+//! reproduced in `harness/tests/progress_order.rs` and `engine_progress.rs`).
+//!
+//! On such servers an idle source (two progress replies at or above X with no event between)
+//! is settled by *comparison* instead: [`Run::settle_at`] merges the source pinned at X with
+//! the target. Target state is only ever moved toward the source's state at X:
+//! 1. Each difference is a change at a revision in (watermark, X] whose event has not been
+//!    applied yet; writing the source's value at X (or deleting) is exactly what applying the
+//!    rest of the events up to X would have produced.
+//! 2. Orphans are ours to delete when a prune is owed, or when their target mod revision is
+//!    above the checkpoint's create revision (this link wrote them); older keys were there
+//!    before the link (mode `overwrite`) and are left alone.
+//! 3. After the comparison the watermark moves to X in a fenced Txn; events at or below X that
+//!    arrive later are dropped, which is right because the target already holds the state at X.
+//!
+//! Genesis repairs at once (G3 is not claimed while `scanning`). Drain, where G3 is claimed,
+//! only compares: when equal it moves the watermark; otherwise the missing events are still on
+//! their way and the next idle reply compares again.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
+use futures::StreamExt as _;
+use mirror_core::{
+    connect, connect_to, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary,
+    Config, ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, Mode, Phase, Probe, Side,
+    SideStatus, Status, TrustProgressNotify,
+};
+use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
+use mirror_scan::{count, Scanner};
+use mirror_watch::{
+    convert_events, open_watch, Batch, Op, OpChunker, ReplayBuffer, Revision, RevisionBatcher,
+};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+mod apply;
+mod genesis;
+mod probe;
+mod repair;
+mod run_loop;
+mod settle;
+mod start;
+mod tail;
+
+use probe::{members_reachable, tls_fingerprint};
+
+/// Data-only scan Txns in flight at once.
+const SCAN_TXNS_IN_FLIGHT: usize = 4;
+/// Txns per scan cycle; the last one of each carries the checkpoint.
+const SCAN_CYCLE_TXNS: usize = 16;
+/// Pages the scan reader may fetch ahead of the writer: at least one cycle's worth at the
+/// default page and Txn sizes, so a cycle never waits on reads it could have overlapped.
+const SCAN_READ_AHEAD_PAGES: usize = 8;
+
+/// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
+const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
+
+/// How often an idle tail re-reads the fence.
+const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often the tail probes every member of both sides in the background, so a member that
+/// went down or came back shows in `MemberUnreachable` without a reconnect.
+const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the tail looks at the TLS files for a rotation.
+const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Shared, readable by the HTTP server.
+pub type StatusHandle = Arc<RwLock<Status>>;
+
+/// How an engine run ended, as the outer loop sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// An etcd call failed.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    /// The fence said no.
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    /// A rule of the product was broken (empty target, direction, version, oversized revision).
+    #[error("{message}")]
+    Refused {
+        /// CamelCase reason (also the condition name where one exists).
+        reason: &'static str,
+        /// Human-readable, keys redacted.
+        message: String,
+    },
+    /// Genesis must start over (buffer overflow, compacted watch mid-scan).
+    #[error("genesis restart: {0}")]
+    RestartGenesis(&'static str),
+    /// History is gone: forced resync with prune.
+    #[error("forced resync: {0}")]
+    Resync(&'static str),
+    /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
+    #[error("reconnect: {0}")]
+    Reconnect(&'static str),
+}
+
+impl EngineError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            EngineError::Etcd(e) => e.class(),
+            EngineError::Fence(f) => f.class(),
+            EngineError::Refused { .. } => ErrorClass::Permanent,
+            EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
+            EngineError::Reconnect(_) => ErrorClass::Transient,
+        }
+    }
+
+    fn reason(&self) -> String {
+        match self {
+            EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),
+            EngineError::Fence(f) => f.reason().to_owned(),
+            EngineError::Refused { reason, .. } => (*reason).to_owned(),
+            EngineError::RestartGenesis(r) | EngineError::Resync(r) | EngineError::Reconnect(r) => {
+                (*r).to_owned()
+            }
+        }
+    }
+}
+
+impl From<mirror_watch::Overflow> for EngineError {
+    fn from(_: mirror_watch::Overflow) -> Self {
+        EngineError::RestartGenesis("WatchBufferOverflow")
+    }
+}
+
+/// What the next connect should do about genesis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Pending {
+    /// Follow the checkpoint.
+    #[default]
+    Resume,
+    /// Start a new genesis owing a prune (forced resync or restart).
+    FreshGenesis,
+}
+
+/// The engine of one link.
+pub struct Engine {
+    cfg: Config,
+    rewriter: KeyRewriter,
+    status: StatusHandle,
+    shutdown: CancellationToken,
+    agent_id: String,
+    /// Consecutive forced resyncs with no live apply between.
+    resyncs_in_a_row: u32,
+    /// Since when the watermark trails the source revision (for `lag_seconds`).
+    behind_since: RwLock<Option<Instant>>,
+    /// Histograms observed per landed Txn, when served.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Validated configs from SIGHUP; only fields that may change live differ (the caller
+    /// refuses the rest).
+    reload: Option<tokio::sync::watch::Receiver<Config>>,
+    /// Whether both sides ever answered; until then failures keep the phase `connecting`.
+    ever_connected: bool,
+}
+
+impl Engine {
+    /// A new engine; `run` drives it until `shutdown`.
+    pub fn new(cfg: Config, status: StatusHandle, shutdown: CancellationToken) -> Engine {
+        let rewriter = cfg.rewriter();
+        let agent_id = format!("{}/{}", hostname(), std::process::id());
+        {
+            let mut s = status.write().expect("status lock");
+            s.link_uid = cfg.link_uid.clone();
+            s.epoch = cfg.epoch as u64;
+            s.role = "mirror".into();
+            s.agent_id = agent_id.clone();
+        }
+        Engine {
+            cfg,
+            rewriter,
+            status,
+            shutdown,
+            agent_id,
+            resyncs_in_a_row: 0,
+            behind_since: RwLock::new(None),
+            metrics: None,
+            reload: None,
+            ever_connected: false,
+        }
+    }
+
+    /// Takes live config changes (rates, reconcile interval, epoch, endpoints at the next
+    /// connect) from `reload`.
+    pub fn with_reload(mut self, reload: tokio::sync::watch::Receiver<Config>) -> Engine {
+        self.reload = Some(reload);
+        self
+    }
+
+    /// Observes apply latency and batch size into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Engine {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    pub(super) fn update(&self, f: impl FnOnce(&mut Status)) {
+        let mut s = self.status.write().expect("status lock");
+        f(&mut s);
+        s.lag_revisions = (s.source_revision - s.watermark).max(0);
+        let mut behind = self.behind_since.write().expect("lag lock");
+        if s.lag_revisions == 0 {
+            *behind = None;
+            s.lag_seconds = 0.0;
+        } else {
+            s.lag_seconds = behind.get_or_insert_with(Instant::now).elapsed().as_secs_f64();
+        }
+    }
+
+    pub(super) fn set_phase(&self, phase: Phase) {
+        let old = self.status.read().expect("status lock").phase;
+        if old != phase {
+            info!(from = old.as_str(), to = phase.as_str(), "phase");
+            self.update(|s| {
+                s.phase = phase;
+                let available = matches!(phase, Phase::Syncing);
+                s.set_condition("Available", available, phase_reason(phase), "");
+            });
+        }
+    }
+}
+
+/// A probe of the source and of the target.
+type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
+
+/// Everything one connected run needs.
+struct Run<'e> {
+    engine: &'e mut Engine,
+    source: Client,
+    target_kv: KvClient,
+    source_cluster: u64,
+    target_cluster: u64,
+    trust: bool,
+    writer: Option<FencedWriter>,
+    /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
+    /// source's events wait in the source, not in this process.
+    watch: Option<Watch>,
+    /// Drain mode: the source revision the watermark must reach before verification.
+    drain_target: Option<i64>,
+    /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
+    tls_files: Option<Vec<[u8; 32]>>,
+    /// Untrusted progress replies in a row with no event between (the source looks idle).
+    idle_replies: u32,
+    /// Comparisons in a row during a drain that found the target behind.
+    drain_settles: u32,
+    /// A background probe of every member of both sides (for `MemberUnreachable`).
+    member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
+}
+
+/// The source watch, split so the request half can ask for progress while the response half is
+/// read (or buffered by a forwarder during the scan).
+struct Watch {
+    sender: WatchRequestSender,
+    stream: WatchResponseStream,
+}
+
+impl Run<'_> {
+    pub(super) fn cfg(&self) -> &Config {
+        &self.engine.cfg
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        self.engine.cfg.sync.request_timeout.get()
+    }
+
+    pub(super) fn template(&self, watermark: i64) -> Checkpoint {
+        Checkpoint {
+            link_uid: self.cfg().link_uid.clone(),
+            epoch: self.cfg().epoch as u64,
+            role: Role::Mirror,
+            watermark,
+            scanning: false,
+            scan_cursor: Vec::new(),
+            prune_pending: false,
+            source_cluster_id: self.source_cluster,
+            target_cluster_id: self.target_cluster,
+            agent_id: self.engine.agent_id.clone(),
+        }
+    }
+
+    /// Packs independent target ops by `max_txn_ops` (one slot left for the checkpoint) and
+    /// `txn_flush_bytes`.
+    pub(super) fn chunker(&self) -> OpChunker {
+        let sync = &self.cfg().sync;
+        OpChunker::new((sync.max_txn_ops as usize).saturating_sub(1), sync.txn_flush_bytes.bytes() as usize)
+    }
+
+    /// Page limits and deadline of every reader, as configured.
+    pub(super) fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
+        let sync = &self.cfg().sync;
+        mirror_core::PagerOptions::new(
+            op,
+            sync.page_key_limit,
+            sync.page_bytes.bytes() as usize,
+            sync.request_timeout.get(),
+        )
+    }
+
+    pub(super) fn writer(&mut self) -> &mut FencedWriter {
+        self.writer.as_mut().expect("fence claimed before any write")
+    }
+}
+
+pub(super) fn phase_reason(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Connecting => "Connecting",
+        Phase::InitialSync => "InitialSync",
+        Phase::Syncing => "Syncing",
+        Phase::Degraded => "Degraded",
+        Phase::Standby => "Standby",
+        Phase::Drained => "Drained",
+        Phase::Failed => "Failed",
+    }
+}
+
+pub(super) fn is_condition(reason: &str) -> bool {
+    matches!(reason, "EmptyTargetViolation" | "DirectionConflict" | "PrefixConflict")
+}
+
+pub(super) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".into())
+}

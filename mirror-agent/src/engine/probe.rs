@@ -1,0 +1,179 @@
+//! Connecting both sides: probe every member, check versions, clusters and direction, and hand
+//! a connected [`Run`] to the start planner.
+
+use super::*;
+
+impl Engine {
+    /// A TLS failure before the link ever worked is a wrong config: permanent, named. After it
+    /// worked, the same failure is more likely a rotation in progress and is retried.
+    pub(super) fn refuse_tls_at_start(&self, e: EtcdError) -> EngineError {
+        match e.fault {
+            Fault::TlsConfig | Fault::TlsRejected if !self.ever_connected => EngineError::Refused {
+                reason: if e.fault == Fault::TlsConfig { "TlsConfig" } else { "TlsRejected" },
+                message: format!("{} on {}: {}", e.op, e.side, e.source),
+            },
+            _ => e.into(),
+        }
+    }
+
+    pub(super) async fn connect_and_run(&mut self, pending: Pending) -> Result<(), EngineError> {
+        if !self.ever_connected {
+            self.set_phase(Phase::Connecting);
+        }
+        // Taken before the files are read, so a rotation racing the connect is seen next check.
+        let tls_files = tls_fingerprint(&self.cfg);
+        let sync = &self.cfg.sync;
+        let source_probe = probe_members(Side::Source, &self.cfg.source, sync).await;
+        self.update(|s| reachability(s, "SourceReachable", &source_probe));
+        let source_probe = source_probe.map_err(|e| self.refuse_tls_at_start(e))?;
+        let target_probe = probe_members(Side::Target, &self.cfg.target, sync).await;
+        self.update(|s| reachability(s, "TargetReachable", &target_probe));
+        let target_probe = target_probe.map_err(|e| self.refuse_tls_at_start(e))?;
+        self.ever_connected = true;
+        let expiry = (tls_expiry(&self.cfg.source), tls_expiry(&self.cfg.target));
+        let (source_info, source_cluster) = side_status(Side::Source, &source_probe)?;
+        let (target_info, target_cluster) = side_status(Side::Target, &target_probe)?;
+        self.update(|s| members_reachable(s, &source_probe, &target_probe));
+        let learner = source_info.learner || target_info.learner;
+        let trust = match sync.trust_progress_notify {
+            TrustProgressNotify::Always => true,
+            TrustProgressNotify::Never => false,
+            TrustProgressNotify::Auto => progress_notify_trustworthy(&source_info.version),
+        };
+        self.update(|s| {
+            s.source = SideStatus { tls_cert_expiry: expiry.0, ..source_info.clone() };
+            s.target = SideStatus { tls_cert_expiry: expiry.1, ..target_info.clone() };
+            s.set_condition("LearnerEndpoint", learner, "Probe", "an endpoint is a learner");
+        });
+        if source_cluster == target_cluster {
+            let (src, dst) = (self.rewriter.source_prefix(), self.rewriter.dest_prefix());
+            if src.starts_with(dst) || dst.starts_with(src) {
+                self.update(|s| s.set_condition("DirectionConflict", true, "SameCluster", ""));
+                return Err(EngineError::Refused {
+                    reason: "DirectionConflict",
+                    message: "source and target are the same cluster and the ranges overlap".into(),
+                });
+            }
+        }
+
+        let sync = &self.cfg.sync;
+        let source =
+            connect_to(Side::Source, &self.cfg.source, sync, &source_probe.reachable_endpoints()).await?;
+        let reverse = mirror_reconcile::find_reverse_link(
+            &mut source.kv_client(),
+            &self.rewriter,
+            source_cluster,
+            target_cluster,
+            sync.request_timeout.get(),
+        )
+        .await?;
+        if let Some(other) = reverse {
+            let message = format!(
+                "link {:?} mirrors this link's target cluster into its source range (its checkpoint is at {} in the source); \
+                 together they would echo every write forever, so nothing was written",
+                other.link_uid,
+                self.rewriter.redact(&other.namespace)
+            );
+            self.update(|s| s.set_condition("DirectionConflict", true, "ReverseLink", message.clone()));
+            return Err(EngineError::Refused { reason: "DirectionConflict", message });
+        }
+        let target =
+            connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
+        let mut run = Run {
+            engine: self,
+            source,
+            target_kv: target.kv_client(),
+            source_cluster,
+            target_cluster,
+            trust,
+            writer: None,
+            watch: None,
+            drain_target: None,
+            tls_files,
+            idle_replies: 0,
+            drain_settles: 0,
+            member_probe: None,
+        };
+        run.start(pending).await
+    }
+}
+
+/// Digests of both sides' TLS files; `None` without TLS.
+pub(super) fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
+    let sides: Vec<[u8; 32]> = [&cfg.source, &cfg.target]
+        .iter()
+        .filter_map(|s| s.tls.as_ref())
+        .map(mirror_core::tls::fingerprint)
+        .collect();
+    (!sides.is_empty()).then_some(sides)
+}
+
+/// The expiry of the side's CA bundle and client certificate, as loaded by this connect.
+pub(super) fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpiry> {
+    side.tls.as_ref().map(mirror_core::tls::expiry).unwrap_or_default()
+}
+
+/// Lists the endpoints that did not answer and sets `MemberUnreachable` accordingly.
+pub(super) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) {
+    let down: Vec<String> = [(Side::Source, source), (Side::Target, target)]
+        .iter()
+        .flat_map(|(side, probe)| {
+            probe.unreachable.iter().map(move |(url, why)| format!("{side} {url}: {why}"))
+        })
+        .collect();
+    s.source.unreachable_endpoints = source.unreachable.iter().map(|(url, _)| url.clone()).collect();
+    s.target.unreachable_endpoints = target.unreachable.iter().map(|(url, _)| url.clone()).collect();
+    if down.is_empty() {
+        s.set_condition("MemberUnreachable", false, "AllMembersAnswer", "");
+    } else {
+        s.set_condition("MemberUnreachable", true, "ProbeFailed", down.join("; "));
+    }
+}
+
+pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64), EngineError> {
+    let members = &probe.members;
+    let mut lowest: Option<(u32, u32, u32)> = None;
+    let mut version = String::new();
+    for m in members {
+        let v = parse_version(&m.version).unwrap_or((0, 0, 0));
+        if v < (3, 4, 0) {
+            return Err(EngineError::Refused {
+                reason: "VersionUnsupported",
+                message: format!(
+                    "{side} endpoint {} runs etcd {:?}; 3.4.0 or newer is required",
+                    m.endpoint, m.version
+                ),
+            });
+        }
+        if lowest.is_none_or(|l| v < l) {
+            lowest = Some(v);
+            version = m.version.clone();
+        }
+    }
+    let cluster = members.first().map_or(0, |m| m.cluster_id);
+    if let Some(other) = members.iter().find(|m| m.cluster_id != cluster) {
+        return Err(EngineError::Refused {
+            reason: "MixedClusters",
+            message: format!("{side} endpoint {} belongs to another cluster", other.endpoint),
+        });
+    }
+    Ok((
+        SideStatus {
+            version,
+            cluster_id: cluster.to_string(),
+            learner: members.iter().any(|m| m.learner),
+            unreachable_endpoints: probe.unreachable.iter().map(|(url, _)| url.clone()).collect(),
+            tls_cert_expiry: Vec::new(),
+        },
+        cluster,
+    ))
+}
+
+/// Sets `SourceReachable`/`TargetReachable` from a probe, naming why it failed (wrong
+/// credentials read `AuthFailed`, so the side at fault is obvious).
+pub(super) fn reachability<T>(s: &mut Status, condition: &str, probe: &Result<T, EtcdError>) {
+    match probe {
+        Ok(_) => s.set_condition(condition, true, "Probe", ""),
+        Err(e) => s.set_condition(condition, false, &format!("{:?}", e.fault), e.to_string()),
+    }
+}

@@ -1,0 +1,243 @@
+//! Diff-and-repair: the prune sweep, the periodic reconcile pass, and drain verification.
+
+use super::*;
+
+impl Run<'_> {
+    /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
+    /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
+    /// current state is safe. A keys-only merge-join of both sides ([`mirror_reconcile::Differ`]),
+    /// so at most two pages are in memory; another link's keys are never candidates, and another
+    /// link found inside the destination range stops the sweep before anything is deleted.
+    pub(super) async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
+        self.refuse_foreign_links().await?;
+        let mut chunker = self.chunker();
+        let page = self.page_options("sweep page").keys_only();
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            page,
+        );
+        let mut deleted = 0u64;
+        info!("prune sweep started");
+        loop {
+            let diff = differ.next_difference().await?;
+            let done = diff.is_none();
+            let full = match diff {
+                Some(mirror_reconcile::Difference::Orphan { key, .. }) => chunker.push(Op::Delete { key }),
+                _ if done => chunker.take(),
+                _ => None,
+            };
+            if let Some(batch) = full {
+                let mut next = self.writer().record().clone();
+                next.watermark = r0;
+                next.scanning = true;
+                next.prune_pending = true;
+                deleted += batch.len() as u64;
+                self.commit_with_retry(&batch, next).await?;
+            }
+            if done && chunker.is_empty() {
+                break;
+            }
+        }
+        info!(deleted, "prune sweep done");
+        Ok(())
+    }
+
+    /// Refuses to prune or delete orphans while another link's reserved namespace lies inside
+    /// the destination range (a nested `dest_prefix`): its keys are not ours to judge.
+    pub(super) async fn refuse_foreign_links(&mut self) -> Result<(), EngineError> {
+        let page = self.page_options("foreign link check").keys_only();
+        let found =
+            mirror_reconcile::find_foreign_link(self.target_kv.clone(), &self.engine.rewriter, page).await?;
+        let Some(other) = found else { return Ok(()) };
+        let message = format!(
+            "link {:?} keeps its checkpoint inside this link's destination range (at {}); a prune or \
+             delete_orphans would delete its data, so nothing was deleted",
+            other.link_uid,
+            self.engine.rewriter.redact(&other.namespace)
+        );
+        Err(EngineError::Refused { reason: "PrefixConflict", message })
+    }
+
+    /// A comparison of the source pinned at the watermark with the target as it is: while the
+    /// tail is not writing, that is the state G3 says must be equal.
+    pub(super) fn differ_at_watermark(&mut self) -> mirror_reconcile::Differ {
+        let watermark = self.writer.as_ref().expect("fence claimed").record().watermark;
+        let page = self.page_options("reconcile page").at_revision(watermark);
+        mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            page,
+        )
+    }
+
+    /// Counts and compares both sides with the source pinned at the watermark; no writes.
+    pub(super) async fn compare_at_watermark(&mut self) -> Result<mirror_reconcile::Counts, EngineError> {
+        let mut differ = self.differ_at_watermark();
+        while differ.next_difference().await?.is_some() {}
+        Ok(differ.counts)
+    }
+
+    /// Drain, step 2 (SPEC §5): the watermark reached the drain target. Count both sides, repair
+    /// once if they differ, refuse if they still differ, else promote the target: the fence's
+    /// role becomes `primary`, so every later writer with the old view fails its compare.
+    pub(super) async fn verify_and_promote(&mut self, drain_target: i64) -> Result<(), EngineError> {
+        let mut counts = self.compare_at_watermark().await?;
+        if !counts.equal() {
+            warn!(
+                missing = counts.missing,
+                divergent = counts.divergent,
+                orphan = counts.orphan,
+                "drain: sides differ; one repair pass"
+            );
+            self.reconcile_pass(true).await?;
+            counts = self.compare_at_watermark().await?;
+        }
+        if !counts.equal() {
+            let message = format!(
+                "after one repair pass the sides still differ at watermark {}: missing {}, divergent {}, orphan {}",
+                self.writer().record().watermark,
+                counts.missing,
+                counts.divergent,
+                counts.orphan
+            );
+            self.engine
+                .update(|s| s.set_condition("DrainVerificationFailed", true, "SidesDiffer", message.clone()));
+            return Err(EngineError::Refused { reason: "DrainVerificationFailed", message });
+        }
+        let mut next = self.writer().record().clone();
+        next.role = Role::Primary;
+        let drained = next.watermark;
+        self.commit_with_retry(&[], next).await?;
+        info!(
+            drained_revision = drained,
+            source_keys = counts.source_keys,
+            "cut over: the target is primary; no further writes"
+        );
+        self.watch = None;
+        self.engine.update(|s| {
+            s.role = "primary".into();
+            s.source_keys = Some(counts.source_keys);
+            s.target_keys = Some(counts.target_keys);
+            s.cutover = Some(mirror_core::CutoverStatus {
+                drain_target_revision: drain_target,
+                drained_revision: drained,
+                verified_time: Some(now_rfc3339()),
+                source_keys: counts.source_keys,
+                target_keys: counts.target_keys,
+                leased_keys: counts.leased_keys,
+            });
+            s.set_condition(
+                "CutoverReady",
+                true,
+                "Verified",
+                format!("verified at source revision {drained}"),
+            );
+            s.set_condition("InvariantsHeld", true, "CountsEqual", "");
+        });
+        self.engine.set_phase(Phase::Drained);
+        Ok(())
+    }
+
+    /// One diff-and-repair pass (SPEC §5): the source pinned at the watermark against the target,
+    /// merged page by page. Missing and divergent keys are repaired, orphans deleted when
+    /// `delete_orphans`; every repair is a fenced Txn that also re-writes the checkpoint (same
+    /// watermark), paced by `max_ops_per_second`. Counts, pass time and drift are published in
+    /// one status update. A fence bump surfaces as a `FenceError` from the first repair after it
+    /// and aborts the pass with nothing more written.
+    pub(super) async fn reconcile_pass(&mut self, delete_orphans: bool) -> Result<(), EngineError> {
+        let started = Instant::now();
+        if delete_orphans {
+            self.refuse_foreign_links().await?;
+        }
+        let watermark = self.writer().record().watermark;
+        let sync = self.cfg().sync.clone();
+        let mut differ = self.differ_at_watermark();
+        let mut chunker = self.chunker();
+        let rate = sync.max_ops_per_second.max(0) as f64;
+        let mut repaired = 0u64;
+        loop {
+            let diff = match differ.next_difference().await {
+                Ok(d) => d,
+                Err(e) if e.class() == ErrorClass::Resync => {
+                    // The watermark was compacted in the source: nothing to compare against
+                    // until the watermark moves; the data is not in doubt.
+                    warn!("reconcile pass skipped: the source compacted past the watermark");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let done = diff.is_none();
+            let full = match diff {
+                Some(
+                    mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e),
+                ) => chunker.push(Op::Put { key: e.key, value: e.value }),
+                Some(mirror_reconcile::Difference::Orphan { key, .. }) if delete_orphans => {
+                    chunker.push(Op::Delete { key })
+                }
+                _ if done => chunker.take(),
+                _ => None,
+            };
+            if let Some(batch) = full {
+                let n = batch.len() as u64;
+                let same = self.writer().record().clone();
+                self.commit_with_retry(&batch, same).await?;
+                repaired += n;
+                // commit_with_retry paced the repair; a long paced pass must not let the
+                // source's events pile up in this process.
+                if rate > 0.0 && repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
+                    info!("long paced repair: source watch cancelled; will re-watch from the watermark");
+                }
+            }
+            if done && chunker.is_empty() {
+                break;
+            }
+        }
+        let c = &differ.counts;
+        let drift = !c.equal();
+        let held = !drift && c.source_keys == c.target_keys;
+        if drift {
+            warn!(
+                missing = c.missing,
+                divergent = c.divergent,
+                orphan = c.orphan,
+                repaired,
+                "reconcile pass found drift"
+            );
+        }
+        self.engine.update(|s| {
+            s.source_keys = Some(c.source_keys);
+            s.target_keys = Some(c.target_keys);
+            s.last_reconcile = Some(mirror_core::LastReconcile {
+                time: Some(now_rfc3339()),
+                missing: c.missing,
+                divergent: c.divergent,
+                orphan: c.orphan,
+                repaired,
+                keys_compared: c.source_keys,
+                duration_seconds: started.elapsed().as_secs_f64(),
+            });
+            s.set_condition(
+                "DriftDetected",
+                drift,
+                if drift { "Drift" } else { "NoDrift" },
+                format!(
+                    "missing {}, divergent {}, orphan {}, repaired {repaired}",
+                    c.missing, c.divergent, c.orphan
+                ),
+            );
+            s.set_condition(
+                "InvariantsHeld",
+                held,
+                if held { "CountsEqual" } else { "CountsDiffer" },
+                format!(
+                    "source {} keys, target {} keys at watermark {watermark}",
+                    c.source_keys, c.target_keys
+                ),
+            );
+        });
+        Ok(())
+    }
+}

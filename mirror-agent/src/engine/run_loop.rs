@@ -1,0 +1,209 @@
+//! The outer loop of one link: connect, run, and on an error decide by class: back off and
+//! reconnect, start a fresh genesis, park in `failed`, or go to cold standby.
+
+use super::*;
+
+impl Engine {
+    /// Runs until shutdown. Transient errors back off and reconnect; permanent ones park the
+    /// engine in `failed` (HTTP keeps serving); fence losses park it in `standby`.
+    pub async fn run(mut self) {
+        let mut pending = Pending::Resume;
+        let mut backoff = self.cfg.sync.backoff.initial.get();
+        let mut last_reconnect: Option<Instant> = None;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let result = self.connect_and_run(pending).await;
+            pending = Pending::Resume;
+            let err = match result {
+                Ok(()) => return,
+                Err(EngineError::Reconnect(why)) => {
+                    info!(why, "reconnecting both sides with the current settings and files");
+                    // Immediate once; a reconnect that asks for another within seconds (a
+                    // server that takes the handshake but then refuses) waits the initial backoff.
+                    if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
+                        tokio::select! {
+                            _ = self.shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(self.cfg.sync.backoff.initial.get()) => {}
+                        }
+                    }
+                    last_reconnect = Some(Instant::now());
+                    continue;
+                }
+                Err(e) => e,
+            };
+            let class = err.class();
+            self.update(|s| {
+                s.last_error = Some(LastError {
+                    class: class.to_string(),
+                    reason: err.reason(),
+                    message: err.to_string(),
+                })
+            });
+            match &err {
+                EngineError::Fence(f) if f.standby_reason().is_some() => {
+                    let reason = f.standby_reason().unwrap_or("Fenced");
+                    error!(reason, "fenced: {f}; entering cold standby, no further writes");
+                    if self.standby(reason, &f.to_string()).await {
+                        self.update(|s| s.set_condition("Fenced", false, "TakingOver", ""));
+                        continue;
+                    }
+                    return;
+                }
+                EngineError::RestartGenesis(reason) => {
+                    self.note_resync(reason, false);
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                EngineError::Resync(reason) => {
+                    self.note_resync(reason, true);
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                EngineError::Etcd(_) if class == ErrorClass::Resync => {
+                    self.note_resync("SourceCompacted", true);
+                    pending = Pending::FreshGenesis;
+                    continue;
+                }
+                _ => {}
+            }
+            match class {
+                ErrorClass::Permanent => {
+                    error!(reason = %err.reason(), "permanent error, writes stopped: {err}");
+                    self.set_phase(Phase::Failed);
+                    if let EngineError::Refused { reason, message } = &err {
+                        if is_condition(reason) {
+                            let (reason, message) = (*reason, message.clone());
+                            self.update(|s| s.set_condition(reason, true, reason, message));
+                        }
+                    }
+                    if let EngineError::Fence(FenceError::PrefixConflict { .. }) = &err {
+                        self.update(|s| {
+                            s.set_condition("PrefixConflict", true, "PrefixConflict", err.to_string())
+                        });
+                    }
+                    self.shutdown.cancelled().await;
+                    return;
+                }
+                _ => {
+                    warn!(class = %class, reason = %err.reason(), "{err}; retrying in {backoff:?}");
+                    // Never connected yet: still connecting (not ready). Lost a working link:
+                    // degraded (ready, and saying so) while it reconnects.
+                    if self.ever_connected {
+                        self.set_phase(Phase::Degraded);
+                    }
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(self.cfg.sync.backoff.max.get());
+                }
+            }
+        }
+    }
+
+    /// Records a forced resync (history lost: fresh genesis with prune) or a genesis restart
+    /// (buffer overflow or compaction while scanning). Both count towards the loop detector:
+    /// three in a row with no live apply between latch `ResyncLoopDetected`, which a live apply
+    /// clears.
+    pub(super) fn note_resync(&mut self, reason: &str, forced: bool) {
+        self.resyncs_in_a_row += 1;
+        let looping = self.resyncs_in_a_row >= 3;
+        if forced {
+            warn!(reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+        } else {
+            warn!(reason, in_a_row = self.resyncs_in_a_row, "restarting genesis from a fresh R0");
+        }
+        let mut latched_now = false;
+        self.update(|s| {
+            if forced {
+                s.forced_resyncs.count += 1;
+                *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;
+                s.forced_resyncs.last_reason = Some(reason.to_owned());
+            } else {
+                s.scan_restarts += 1;
+            }
+            if looping && !s.condition("ResyncLoopDetected") {
+                latched_now = true;
+                s.set_condition(
+                    "ResyncLoopDetected",
+                    true,
+                    reason,
+                    "3 resyncs or genesis restarts in a row with no live apply between",
+                );
+            }
+        });
+        if latched_now {
+            error!(reason, "resync loop: the source changes or compacts faster than the agent can scan");
+        }
+    }
+
+    /// Cold standby: no writes; watch the fence and report it until shutdown, or until a
+    /// reloaded config raises our epoch above the stored one (then returns true: take over).
+    pub(super) async fn standby(&mut self, reason: &str, message: &str) -> bool {
+        self.set_phase(Phase::Standby);
+        self.update(|s| s.set_condition("Fenced", true, reason, message));
+        // Keep the fence visible in status; log only on change.
+        let mut last: Option<(u64, String)> = None;
+        let Ok(client) = connect(Side::Target, &self.cfg.target, &self.cfg.sync).await else {
+            self.shutdown.cancelled().await;
+            return false;
+        };
+        let mut kv = client.kv_client();
+        let key = self.cfg.checkpoint_key();
+        loop {
+            self.take_reload();
+            if let Ok(Observed::Present { record, .. }) =
+                read_checkpoint(&mut kv, &key, self.cfg.sync.request_timeout.get()).await
+            {
+                if record.role == Role::Mirror && self.cfg.epoch as u64 > record.epoch {
+                    info!(
+                        ours = self.cfg.epoch,
+                        stored = record.epoch,
+                        "epoch raised above the fence; taking over"
+                    );
+                    return true;
+                }
+                let now = (record.epoch, record.agent_id.clone());
+                if last.as_ref() != Some(&now) {
+                    info!(epoch = record.epoch, holder = %record.agent_id, "fence held by another writer");
+                    self.update(|s| s.watermark = record.watermark);
+                    last = Some(now);
+                }
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    /// Adopts a reloaded config if one arrived and was not yet adopted.
+    pub(super) fn take_reload(&mut self) {
+        if self.reload.as_ref().is_some_and(|rx| rx.has_changed().unwrap_or(false)) {
+            // A standby's only connection is re-made on its next loop; nothing to do here.
+            let _ = self.adopt_reload();
+        }
+    }
+
+    /// Adopts the latest reloaded config; true when it changed how a side is reached
+    /// (endpoints, TLS, auth), which takes a reconnect.
+    pub(super) fn adopt_reload(&mut self) -> bool {
+        let Some(rx) = self.reload.as_mut() else { return false };
+        let new = rx.borrow_and_update().clone();
+        info!(
+            epoch = new.epoch,
+            max_ops_per_second = new.sync.max_ops_per_second,
+            reconcile_interval = %new.reconcile.interval,
+            "config reloaded"
+        );
+        self.update(|s| s.epoch = new.epoch as u64);
+        let reach = |c: &Config| {
+            [&c.source, &c.target].map(|side| (side.endpoints.clone(), side.tls.clone(), side.auth.clone()))
+        };
+        let reconnect = reach(&self.cfg) != reach(&new);
+        self.cfg = new;
+        reconnect
+    }
+}

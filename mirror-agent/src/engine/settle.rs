@@ -1,0 +1,84 @@
+//! Settling the target against the source pinned at a revision, for an initial sync or a drain
+//! that ends on an idle source (see the engine module doc).
+
+use super::*;
+
+impl Run<'_> {
+    /// Brings the target to the source's state at `end` by comparison, then moves the watermark
+    /// to `end` (module doc: "Why genesis and drain completion do not rest on an untrusted
+    /// progress reply"). Genesis repairs what differs; a drain only compares, and repairs after
+    /// [`DRAIN_SETTLE_ATTEMPTS`] comparisons in a row found the target behind (something other
+    /// than undelivered events keeps it different; the verification after the drain repairs
+    /// such keys anyway).
+    pub(super) async fn settle_at(
+        &mut self,
+        end: i64,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        let genesis = scan_end.is_some();
+        let prune = self.writer().record().prune_pending;
+        let ours_after = self.writer().create_revision();
+        let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
+        info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
+        let page = self.page_options("settle page").at_revision(end);
+        let mut differ = mirror_reconcile::Differ::new(
+            self.engine.rewriter.clone(),
+            self.source.kv_client(),
+            self.target_kv.clone(),
+            page,
+        );
+        let mut chunker = self.chunker();
+        let mut differences = 0u64;
+        loop {
+            let diff = match differ.next_difference().await {
+                Ok(d) => d,
+                Err(e) if e.class() == ErrorClass::Resync => {
+                    // `end` was compacted away while comparing: settle at the current revision
+                    // next time; the watch still delivers everything in between.
+                    let now = self.source_revision().await?;
+                    warn!(end, now, "source compacted past the settle revision; settling at {now} next");
+                    if let Some(e) = scan_end.as_mut() {
+                        *e = now;
+                    } else {
+                        self.drain_target = Some(now);
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(diff) = diff else { break };
+            let op = match diff {
+                mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e) => {
+                    Op::Put { key: e.key, value: e.value }
+                }
+                mirror_reconcile::Difference::Orphan { key, mod_revision }
+                    if prune || mod_revision > ours_after =>
+                {
+                    Op::Delete { key }
+                }
+                mirror_reconcile::Difference::Orphan { .. } => continue,
+            };
+            differences += 1;
+            if !repair {
+                continue;
+            }
+            if let Some(batch) = chunker.push(op) {
+                let same = self.writer().record().clone();
+                self.commit_with_retry(&batch, same).await?;
+            }
+        }
+        if let Some(batch) = chunker.take() {
+            let same = self.writer().record().clone();
+            self.commit_with_retry(&batch, same).await?;
+        }
+        if differences > 0 && !repair {
+            self.drain_settles += 1;
+            info!(end, differences, "target still behind the source at {end}; waiting for the watch");
+            return Ok(());
+        }
+        self.drain_settles = 0;
+        info!(end, repaired = differences, "target settled at the source's state at {end}");
+        let batch = Batch { revisions: vec![Revision { revision: end, ops: Vec::new() }] };
+        self.apply(batch, scan_end).await
+    }
+}

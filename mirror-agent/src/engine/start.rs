@@ -1,0 +1,134 @@
+//! What a connected run does first: read the checkpoint and decide between tailing, resuming a
+//! scan, and a fresh genesis; claim the fence.
+
+use super::*;
+
+impl Run<'_> {
+    pub(super) async fn start(&mut self, pending: Pending) -> Result<(), EngineError> {
+        let key = self.cfg().checkpoint_key();
+        let timeout = self.timeout();
+        let observed = read_checkpoint(&mut self.target_kv, &key, timeout).await?;
+        mirror_fence::may_claim(&observed, &self.template(0))?;
+        let stored = match &observed {
+            Observed::Present { record, .. } => Some(record.clone()),
+            Observed::Absent => None,
+        };
+        let clusters_changed = stored.as_ref().is_some_and(|r| {
+            r.source_cluster_id != self.source_cluster || r.target_cluster_id != self.target_cluster
+        });
+        if clusters_changed {
+            warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
+        }
+        match stored {
+            Some(r) if pending == Pending::Resume && !clusters_changed && !r.scanning => {
+                // Tail from the watermark.
+                let mut next = r.clone();
+                next.epoch = self.cfg().epoch as u64;
+                next.agent_id = self.engine.agent_id.clone();
+                self.claim(observed, next).await?;
+                self.engine.update(|s| {
+                    s.watermark = r.watermark;
+                    s.initial_sync.completed.get_or_insert_with(now_rfc3339);
+                    s.set_condition("InitialSyncComplete", true, "Resumed", "");
+                });
+                let watch = self.open_watch(r.watermark + 1).await?;
+                self.tail(watch, None).await
+            }
+            Some(r) if pending == Pending::Resume && !clusters_changed => {
+                // Resume a scan in progress.
+                let mut next = r.clone();
+                next.epoch = self.cfg().epoch as u64;
+                next.agent_id = self.engine.agent_id.clone();
+                self.claim(observed, next).await?;
+                self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
+            }
+            stored => {
+                let first_ever = stored.is_none() || clusters_changed;
+                if first_ever && self.cfg().initial_sync.mode == InitialSyncMode::RequireEmpty {
+                    self.require_empty().await?;
+                }
+                let prune = !first_ever || self.cfg().initial_sync.mode == InitialSyncMode::OverwriteAndPrune;
+                let (total, r0) = count(
+                    &mut self.source.kv_client(),
+                    &self.engine.rewriter.scan_windows(),
+                    None,
+                    Side::Source,
+                    self.timeout(),
+                )
+                .await?;
+                let r0 = match self.cfg().initial_sync.start_revision {
+                    0 => r0,
+                    start => start.min(r0),
+                };
+                let mut next = self.template(r0);
+                next.scanning = true;
+                next.prune_pending = prune;
+                self.claim(observed, next).await?;
+                self.engine.update(|s| {
+                    s.initial_sync.total_keys = total;
+                    s.initial_sync.keys = 0;
+                    s.initial_sync.started = Some(now_rfc3339());
+                    s.initial_sync.completed = None;
+                    s.watermark = r0;
+                    s.set_condition("InitialSyncComplete", false, "Scanning", "");
+                });
+                self.genesis(r0, Vec::new(), prune).await
+            }
+        }
+    }
+
+    pub(super) async fn claim(&mut self, observed: Observed, next: Checkpoint) -> Result<(), EngineError> {
+        let writer = FencedWriter::claim(
+            self.target_kv.clone(),
+            self.cfg().checkpoint_key(),
+            observed,
+            next,
+            self.timeout(),
+        )
+        .await?
+        .with_max_txn_ops(self.cfg().sync.max_txn_ops as usize);
+        info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
+        let watermark = writer.record().watermark;
+        self.engine.update(|s| {
+            s.watermark = watermark;
+            s.set_condition("Fenced", false, "HoldingFence", "");
+        });
+        self.writer = Some(writer);
+        Ok(())
+    }
+
+    /// The source's current revision, from a count-only Get (no data read).
+    pub(super) async fn source_revision(&mut self) -> Result<i64, EngineError> {
+        let range = self.engine.rewriter.source_range();
+        let opts = GetOptions::new().with_range(range.end).with_count_only();
+        let resp = unary(
+            "revision",
+            Side::Source,
+            self.timeout(),
+            self.source.kv_client().get(range.start, Some(opts)),
+        )
+        .await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    pub(super) async fn require_empty(&mut self) -> Result<(), EngineError> {
+        let windows = self.engine.rewriter.target_windows();
+        let timeout = self.timeout();
+        let (n, _) = count(&mut self.target_kv, &windows, None, Side::Target, timeout).await?;
+        if n > 0 {
+            let message = format!(
+                "initial_sync.mode = require_empty but the destination range holds {n} keys; nothing was written"
+            );
+            self.engine
+                .update(|s| s.set_condition("EmptyTargetViolation", true, "TargetNotEmpty", message.clone()));
+            return Err(EngineError::Refused { reason: "EmptyTargetViolation", message });
+        }
+        Ok(())
+    }
+
+    pub(super) async fn open_watch(&mut self, start: i64) -> Result<Watch, EngineError> {
+        let stream = open_watch(&mut self.source, &self.engine.rewriter, start).await?;
+        let (sender, stream) = stream.split();
+        Ok(Watch { sender, stream })
+    }
+}

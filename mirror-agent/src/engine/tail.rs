@@ -1,0 +1,239 @@
+//! The tail: watch responses, progress, and the timers of a running link.
+
+use super::*;
+
+impl Run<'_> {
+    /// The tail. With `genesis = Some((scan_end, replay))`, first applies the replay and keeps
+    /// `scanning: true` until the watermark reaches `scan_end`.
+    pub(super) async fn tail(
+        &mut self,
+        watch: Watch,
+        genesis: Option<(i64, Vec<Revision>)>,
+    ) -> Result<(), EngineError> {
+        self.watch = Some(watch);
+        let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
+        if let Some((_, replay)) = genesis {
+            self.apply_revisions(replay, &mut scan_end).await?;
+        }
+        if scan_end.is_none() {
+            self.engine.set_phase(Phase::Syncing);
+        }
+        let steady = self.cfg().sync.progress_interval.get();
+        let interval = self.cfg().reconcile.interval.get();
+        let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+        let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
+        let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
+        let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
+        // While the initial sync waits for scan_end, ask for progress often.
+        let mut progress =
+            tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
+        loop {
+            if self.watch.is_none() {
+                // Cancelled under sustained target backoff; the target takes writes again.
+                let from = self.writer().record().watermark + 1;
+                info!(from, "re-watching the source from the watermark");
+                self.watch = Some(self.open_watch(from).await?);
+            }
+            let watch = self.watch.as_mut().expect("opened above");
+            let reconcile_at = next_reconcile.filter(|_| scan_end.is_none());
+            let resp = tokio::select! {
+                _ = self.engine.shutdown.cancelled() => return Ok(()),
+                _ = reload_changed(&mut self.engine.reload) => {
+                    if self.engine.adopt_reload() {
+                        return Err(EngineError::Reconnect("ConnectionSettingsReloaded"));
+                    }
+                    let interval = self.cfg().reconcile.interval.get();
+                    next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+                    continue;
+                }
+                _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
+                    if tls_fingerprint(self.cfg()) != self.tls_files {
+                        return Err(EngineError::Reconnect("TlsFilesChanged"));
+                    }
+                    continue;
+                }
+                _ = member_check.tick(), if self.member_probe.is_none() => {
+                    let cfg = self.engine.cfg.clone();
+                    self.member_probe = Some(tokio::spawn(async move {
+                        let source = probe_members(Side::Source, &cfg.source, &cfg.sync).await;
+                        let target = probe_members(Side::Target, &cfg.target, &cfg.sync).await;
+                        (source, target)
+                    }));
+                    continue;
+                }
+                probed = join_some(&mut self.member_probe) => {
+                    self.member_probe = None;
+                    if let Ok((Ok(source), Ok(target))) = probed {
+                        self.engine.update(|s| members_reachable(s, &source, &target));
+                    }
+                    continue;
+                }
+                _ = fence_check.tick() => {
+                    // An idle tail learns of a takeover or a cutover now, not at its next write.
+                    self.writer().verify_held().await?;
+                    continue;
+                }
+                _ = sleep_until_some(reconcile_at) => {
+                    // Inline on the tail's own task: it cannot overlap genesis, a sweep, a
+                    // drain or itself, and no tail write races its reads.
+                    self.reconcile_pass(self.cfg().reconcile.delete_orphans).await?;
+                    next_reconcile = Some(Instant::now() + interval);
+                    continue;
+                }
+                _ = progress.tick() => {
+                    let _ = watch.sender.request_progress().await;
+                    continue;
+                }
+                msg = watch.stream.message() => msg,
+            };
+            let resp = match resp {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return Err(EngineError::Etcd(EtcdError::new(
+                        "watch",
+                        Side::Source,
+                        etcd_client::Error::WatchError("watch stream ended".into()),
+                    )))
+                }
+                Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
+            };
+            self.on_response(resp, &mut scan_end).await?;
+            if scan_end.is_none() && self.cfg().mode == Mode::Drain {
+                let watermark = self.writer().record().watermark;
+                match self.drain_target {
+                    None => {
+                        let target = self.source_revision().await?;
+                        info!(
+                            drain_target_revision = target,
+                            "draining: waiting for the watermark to reach the drain target"
+                        );
+                        self.drain_target = Some(target);
+                        self.engine.update(|s| {
+                            s.cutover = Some(mirror_core::CutoverStatus {
+                                drain_target_revision: target,
+                                ..Default::default()
+                            })
+                        });
+                        progress = tokio::time::interval(Duration::from_millis(500));
+                        continue;
+                    }
+                    Some(target) if watermark >= target => {
+                        return self.verify_and_promote(target).await;
+                    }
+                    Some(_) => continue,
+                }
+            }
+            if scan_end.is_none() && progress.period() != steady {
+                progress = tokio::time::interval(steady);
+                progress.tick().await;
+            }
+        }
+    }
+
+    pub(super) async fn on_response(
+        &mut self,
+        resp: WatchResponse,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        if resp.canceled() || resp.compact_revision() > 0 {
+            let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
+            return Err(match fault.class() {
+                ErrorClass::Resync => EngineError::Resync("WatchCompacted"),
+                _ => EngineError::Etcd(EtcdError::new(
+                    "watch",
+                    Side::Source,
+                    etcd_client::Error::WatchError(format!("watch cancelled: {}", resp.cancel_reason())),
+                )),
+            });
+        }
+        let header_rev = resp.header().map_or(0, |h| h.revision());
+        self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
+        if resp.created() && resp.events().is_empty() {
+            return Ok(());
+        }
+        let watermark = self.writer().record().watermark;
+        if resp.events().is_empty() {
+            // A progress notification. Only a trusted one proves that nothing at or below
+            // header_rev is still to come (see the module doc).
+            let idle = std::mem::replace(&mut self.idle_replies, 0) + 1;
+            if self.trust {
+                if header_rev > watermark {
+                    let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
+                    self.apply(batch, scan_end).await?;
+                } else {
+                    self.finish_genesis_if_due(scan_end, watermark).await?;
+                    self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+                }
+                return Ok(());
+            }
+            let must_reach = scan_end.or(self.drain_target).filter(|end| header_rev >= *end);
+            match must_reach {
+                Some(end) if end > watermark && idle >= 2 => self.settle_at(end, scan_end).await?,
+                Some(end) if end > watermark => self.idle_replies = idle,
+                Some(_) => self.finish_genesis_if_due(scan_end, watermark).await?,
+                None => {}
+            }
+            return Ok(());
+        }
+        self.idle_replies = 0;
+        let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
+        self.engine.update(|s| s.lease_backed_keys += converted.leased);
+        self.apply_revisions(converted.revisions, scan_end).await
+    }
+
+    pub(super) async fn finish_genesis_if_due(
+        &mut self,
+        scan_end: &mut Option<i64>,
+        watermark: i64,
+    ) -> Result<(), EngineError> {
+        if let Some(end) = *scan_end {
+            if watermark >= end && self.writer().record().scanning {
+                let mut next = self.writer().record().clone();
+                next.scanning = false;
+                next.scan_cursor.clear();
+                next.prune_pending = false;
+                self.commit_with_retry(&[], next).await?;
+            }
+            if watermark >= end {
+                *scan_end = None;
+                info!(watermark, "initial sync complete");
+                self.engine.update(|s| {
+                    s.initial_sync.completed = Some(now_rfc3339());
+                    s.set_condition("InitialSyncComplete", true, "Complete", "");
+                });
+                self.engine.set_phase(Phase::Syncing);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resolves when a reloaded config is waiting (without consuming it), never without a channel.
+pub(super) async fn reload_changed(reload: &mut Option<tokio::sync::watch::Receiver<Config>>) {
+    match reload {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The result of a spawned task, or never when there is none.
+pub(super) async fn join_some<T>(
+    task: &mut Option<tokio::task::JoinHandle<T>>,
+) -> Result<T, tokio::task::JoinError> {
+    match task {
+        Some(handle) => handle.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`, or forever when there is no deadline.
+pub(super) async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use mirror_core::{connect, Config, Mode, Phase, Side, Status};
+use mirror_core::{connect_reachable, Config, Mode, Phase, Side, Status};
 use mirror_fence::{read_checkpoint, Observed, Role};
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,7 @@ const EXIT_SOURCE_MOVED: u8 = 4;
 pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode {
     let timeout = config.sync.request_timeout.get();
     let stored = async {
-        let target = connect(Side::Target, &config.target, &config.sync).await?;
+        let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
         anyhow::Ok(read_checkpoint(&mut target.kv_client(), &config.checkpoint_key(), timeout).await?)
     }
     .await;
@@ -106,7 +106,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
 
 /// In-scope source keys modified after `revision`, and the source's current revision.
 async fn changed_after(config: &Config, revision: i64) -> anyhow::Result<(i64, i64)> {
-    let source = connect(Side::Source, &config.source, &config.sync).await?;
+    let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
     let mut kv = source.kv_client();
     let mut keys = 0;
     let mut now = 0;

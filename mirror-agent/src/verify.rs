@@ -8,8 +8,8 @@
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use mirror_core::{connect, Config, Side};
-use mirror_fence::{read_checkpoint, Observed};
+use mirror_core::{connect_reachable, unary, Config, Side};
+use mirror_fence::Checkpoint;
 use mirror_reconcile::{Differ, Difference};
 
 /// Exit code when the sides differ.
@@ -32,18 +32,22 @@ pub async fn verify(config: Config, revision: Option<i64>, max_diffs: usize) -> 
 async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow::Result<bool> {
     let rewriter = config.rewriter();
     let timeout = config.sync.request_timeout.get();
-    let source = connect(Side::Source, &config.source, &config.sync).await?;
-    let target = connect(Side::Target, &config.target, &config.sync).await?;
-    let mut target_kv = target.kv_client();
-    // One target snapshot: the checkpoint read's revision pins every target page.
-    let cp = target_kv.get(config.checkpoint_key(), None).await?;
+    let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
+    let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
+    let target_kv = target.kv_client();
+    // One target snapshot: the checkpoint read's revision pins every target page, and the
+    // watermark is decoded from that same read. (Reading the checkpoint a second time let a
+    // commit land between the two reads: a healthy link under load was reported DIFFERENT.)
+    let cp =
+        unary("read checkpoint", Side::Target, timeout, target_kv.clone().get(config.checkpoint_key(), None))
+            .await?;
     let target_revision = cp.header().map_or(0, |h| h.revision());
     let revision = match revision {
         Some(r) => r,
-        None => match read_checkpoint(&mut target_kv, &config.checkpoint_key(), timeout).await? {
-            Observed::Present { record, .. } if !record.scanning => record.watermark,
-            Observed::Present { .. } => anyhow::bail!("the initial sync is still running; pass --revision"),
-            Observed::Absent => anyhow::bail!("no checkpoint in the target; pass --revision"),
+        None => match cp.kvs().first().map(|kv| Checkpoint::decode(kv.value())).transpose()? {
+            Some(record) if !record.scanning => record.watermark,
+            Some(_) => anyhow::bail!("the initial sync is still running; pass --revision"),
+            None => anyhow::bail!("no checkpoint in the target; pass --revision"),
         },
     };
     let (total, _) = mirror_scan::count(

@@ -141,7 +141,8 @@ pub struct InitialSync {
     /// What to do with keys already in the destination range.
     #[serde(default)]
     pub mode: InitialSyncMode,
-    /// Start the copy at this source revision instead of the current one (0 = current).
+    /// Tail from this source revision with no scan, on a link's first start: the operator
+    /// vouches that the target already holds the source's state just before it (0 = scan).
     #[serde(default)]
     pub start_revision: i64,
 }

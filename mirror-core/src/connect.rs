@@ -44,6 +44,17 @@ pub async fn connect(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result
     connect_to(side, cfg, sync, &cfg.endpoints).await
 }
 
+/// Probes every member and connects to those that answer: what a one-shot command (verify,
+/// cutover) needs while a member is down.
+pub async fn connect_reachable(
+    side: Side,
+    cfg: &SideConfig,
+    sync: &SyncSection,
+) -> Result<Client, EtcdError> {
+    let probe = probe_members(side, cfg, sync).await?;
+    connect_to(side, cfg, sync, &probe.reachable_endpoints()).await
+}
+
 /// [`connect()`] to `endpoints` only (those a [`probe_members`] found answering): requests are
 /// never balanced onto a member known to be down.
 pub async fn connect_to(

@@ -11,6 +11,8 @@
 //!   is in the `keys` module; property tests check it).
 //! - **Errors** ([`Fault`], [`ErrorClass`]): every etcd client error maps to one of the five
 //!   classes of SPEC §5, so callers decide by class, never by string.
+//! - **Retries** ([`RetryPolicy`]): one decision from (error class, attempts) to an [`Action`],
+//!   with a backoff that resets after success.
 //! - **Paging** ([`Pager`]): every reader pages by keys and bytes, starts small, and halves a
 //!   page the client refused as too large; only one key over the limit is an error.
 //! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
@@ -21,6 +23,7 @@
 //! It never writes to etcd and holds no state: fencing lives in `mirror-fence`, the engine in
 //! the crates above it.
 
+mod backoff;
 mod config;
 mod connect;
 mod error;
@@ -31,13 +34,14 @@ mod stride;
 pub mod tls;
 mod units;
 
+pub use backoff::{Action, ExponentialBackoff, RetryPolicy};
 pub use config::{
     Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, Mode,
     Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, connect_to, parse_version, probe_members, progress_notify_trustworthy, read_password, unary,
-    MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
+    connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy,
+    read_password, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};

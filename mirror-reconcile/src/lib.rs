@@ -310,29 +310,58 @@ pub async fn find_reverse_link(
     timeout: std::time::Duration,
 ) -> Result<Option<ForeignLink>, EtcdError> {
     let prefix = rewriter.source_prefix();
-    let candidates: Vec<Vec<u8>> = (0..=prefix.len())
-        .map(|n| [&prefix[..n], mirror_core::RESERVED_MARKER.as_bytes()].concat())
+    let keys: Vec<Vec<u8>> = (0..=prefix.len())
+        .map(|n| [&prefix[..n], mirror_core::RESERVED_MARKER.as_bytes(), b"checkpoint"].concat())
         .collect();
-    for chunk in candidates.chunks(64) {
-        let gets: Vec<etcd_client::TxnOp> = chunk
-            .iter()
-            .map(|ns| etcd_client::TxnOp::get([ns.as_slice(), b"checkpoint"].concat(), None))
-            .collect();
-        let resp = mirror_core::unary(
-            "look for a reverse link",
-            Side::Source,
-            timeout,
-            source.txn(etcd_client::Txn::new().and_then(gets)),
-        )
-        .await?;
-        for (ns, op) in chunk.iter().zip(resp.op_responses()) {
-            let etcd_client::TxnOpResponse::Get(get) = op else { continue };
-            let Some(kv) = get.kvs().first() else { continue };
-            let Ok(record) = mirror_fence::Checkpoint::decode(kv.value()) else { continue };
-            if record.source_cluster_id == target_cluster && record.target_cluster_id == source_cluster {
-                return Ok(Some(ForeignLink { link_uid: record.link_uid, namespace: ns.clone() }));
+    let records = match read_points(source, &keys, timeout).await {
+        Ok(records) => records,
+        // A user limited to its range may not read the keys above it: ask one by one and skip
+        // what it may not read (no link it cannot see can be writing into its range through
+        // its own credentials' view).
+        Err(e) if e.fault == mirror_core::Fault::PermissionDenied => {
+            let mut records = Vec::new();
+            for key in &keys {
+                match read_points(source, std::slice::from_ref(key), timeout).await {
+                    Ok(mut one) => records.append(&mut one),
+                    Err(e) if e.fault == mirror_core::Fault::PermissionDenied => records.push(None),
+                    Err(e) => return Err(e),
+                }
             }
+            records
+        }
+        Err(e) => return Err(e),
+    };
+    for (key, value) in keys.iter().zip(records) {
+        let Some(record) = value.and_then(|v| mirror_fence::Checkpoint::decode(&v).ok()) else { continue };
+        if record.source_cluster_id == target_cluster && record.target_cluster_id == source_cluster {
+            let namespace = key[..key.len() - b"checkpoint".len()].to_vec();
+            return Ok(Some(ForeignLink { link_uid: record.link_uid, namespace }));
         }
     }
     Ok(None)
+}
+
+/// The values of `keys` (None where absent), in one Txn of point Gets.
+async fn read_points(
+    kv: &mut KvClient,
+    keys: &[Vec<u8>],
+    timeout: std::time::Duration,
+) -> Result<Vec<Option<Vec<u8>>>, EtcdError> {
+    let gets: Vec<etcd_client::TxnOp> =
+        keys.iter().map(|k| etcd_client::TxnOp::get(k.clone(), None)).collect();
+    let resp = mirror_core::unary(
+        "read points",
+        Side::Source,
+        timeout,
+        kv.txn(etcd_client::Txn::new().and_then(gets)),
+    )
+    .await?;
+    Ok(resp
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        })
+        .collect())
 }

@@ -95,14 +95,18 @@ impl Run<'_> {
             Err(e) => return Err(e),
         }
         let n = ops.len() as u64;
-        if scan_end.is_none() {
+        // Only a live tail apply ends a resync loop: replays inside a resync are part of it
+        // (defect #5 of issue 10: the condition flapped during a livelock).
+        let live = scan_end.is_none() && n > 0;
+        if live {
             self.engine.resyncs_in_a_row = 0;
+            self.engine.made_progress(Progress::Live);
         }
         self.engine.update(|s| {
             s.watermark = last;
             s.keys_applied_total += n;
             s.last_progress_time = Some(now_rfc3339());
-            if n > 0 && s.condition("ResyncLoopDetected") {
+            if live && s.condition("ResyncLoopDetected") {
                 s.set_condition("ResyncLoopDetected", false, "LiveApply", "");
             }
         });
@@ -193,8 +197,7 @@ impl Run<'_> {
         next: Checkpoint,
     ) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
-        let mut delay = cfg.backoff.initial.get();
-        let mut rounds = 0u32;
+        let mut policy = RetryPolicy::new(&cfg);
         loop {
             let txn_ops = ops.iter().map(Op::to_txn_op).collect();
             let started = Instant::now();
@@ -208,7 +211,8 @@ impl Run<'_> {
                     self.pace(ops.len()).await;
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| s.watermark = next.watermark);
-                    if rounds > 0 {
+                    self.engine.made_progress(Progress::Healthy);
+                    if policy.rounds() > 0 {
                         info!("target accepts writes again");
                         self.engine.update(|s| {
                             s.set_condition("TargetThrottled", false, "Recovered", "");
@@ -223,53 +227,55 @@ impl Run<'_> {
                 Err(FenceError::Etcd(e)) => e,
                 Err(f) => return Err(f.into()),
             };
-            rounds += 1;
+            let class = err.class();
+            if class == ErrorClass::Transient
+                && (err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files)
+            {
+                // Retrying on this client cannot pick up new TLS files: only a reconnect
+                // reads them. The batch is not lost: nothing past the watermark landed.
+                return Err(EngineError::Reconnect("TlsRejectedOrFilesChanged"));
+            }
+            let Action::RetryAfter(delay) = policy.on_error(class) else { return Err(err.into()) };
+            self.engine.update(|s| {
+                s.last_error = Some(LastError {
+                    class: class.to_string(),
+                    reason: format!("{:?}", err.fault),
+                    message: format!("{err}; retrying the write in {delay:?}"),
+                })
+            });
+            let rounds = policy.rounds();
             if rounds == 3 && self.watch.take().is_some() {
                 warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
             }
-            match err.class() {
-                ErrorClass::Quota => {
-                    if rounds == 1 {
-                        error!("target out of space; holding writes and probing");
-                        self.engine.set_phase(Phase::Degraded);
-                        self.engine.update(|s| {
-                            s.set_condition("TargetQuotaExhausted", true, "NoSpace", err.to_string())
-                        });
-                    }
-                    delay = cfg.backoff.max.get().min(Duration::from_secs(60));
+            match class {
+                ErrorClass::Quota if rounds == 1 => {
+                    error!("target out of space; holding writes and probing");
+                    self.engine.set_phase(Phase::Degraded);
+                    self.engine.update(|s| {
+                        s.set_condition("TargetQuotaExhausted", true, "NoSpace", err.to_string())
+                    });
                 }
                 ErrorClass::Throttle => {
                     self.engine.update(|s| {
                         s.set_condition("TargetThrottled", true, "TooManyRequests", err.to_string())
                     });
-                    delay = (delay * 2).min(cfg.backoff.max.get());
                 }
-                ErrorClass::Transient => {
-                    // Retrying on this client cannot pick up new TLS files: only a reconnect
-                    // reads them. The batch is not lost: nothing past the watermark landed.
-                    if err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files {
-                        return Err(EngineError::Reconnect("TlsRejectedOrFilesChanged"));
-                    }
-                    if rounds == 3 {
-                        warn!("target unavailable for 3 rounds: {err}");
-                        self.engine.set_phase(Phase::Degraded);
-                        self.engine.update(|s| {
-                            s.set_condition(
-                                "TargetReachable",
-                                false,
-                                &format!("{:?}", err.fault),
-                                err.to_string(),
-                            )
-                        });
-                    }
-                    delay = (delay * 2).min(cfg.backoff.max.get());
+                ErrorClass::Transient if rounds == 3 => {
+                    warn!("target unavailable for 3 rounds: {err}");
+                    self.engine.set_phase(Phase::Degraded);
+                    self.engine.update(|s| {
+                        s.set_condition(
+                            "TargetReachable",
+                            false,
+                            &format!("{:?}", err.fault),
+                            err.to_string(),
+                        )
+                    });
                 }
-                _ => return Err(err.into()),
+                _ => {}
             }
             tokio::select! {
-                _ = self.engine.shutdown.cancelled() => {
-                    return Err(EngineError::Etcd(err));
-                }
+                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 _ = tokio::time::sleep(delay) => {}
             }
         }

@@ -91,7 +91,12 @@ impl Run<'_> {
             let mut cycle: Vec<Vec<Op>> = Vec::new();
             let mut cursor = cursor;
             let mut leased = 0u64;
-            while let Some(page) = pages.recv().await {
+            loop {
+                let page = tokio::select! {
+                    page = pages.recv() => page,
+                    _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
+                };
+                let Some(page) = page else { break };
                 let Some(page) = page? else { break };
                 if forwarder.is_finished() {
                     // The forwarder stops early only on overflow or a compacted watch.
@@ -197,7 +202,21 @@ pub(super) async fn forward(
             Err(e) => return (stream, Err(EtcdError::new("watch", Side::Source, e).into())),
         };
         if resp.canceled() || resp.compact_revision() > 0 {
-            return (stream, Err(EngineError::RestartGenesis("CompactedDuringScan")));
+            // Name the real cause (defect #4 of issue 10): only a compaction restarts genesis;
+            // any other cancel is an error of its class (a reconnect resumes the scan).
+            let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
+            let err = match fault.class() {
+                ErrorClass::Resync => EngineError::RestartGenesis("CompactedDuringScan"),
+                _ => EngineError::Etcd(EtcdError::new(
+                    "watch",
+                    Side::Source,
+                    etcd_client::Error::WatchError(format!(
+                        "watch cancelled during the scan: {}",
+                        resp.cancel_reason()
+                    )),
+                )),
+            };
+            return (stream, Err(err));
         }
         let converted = convert_events(resp.events(), &rewriter, floor);
         if let Some(last) = converted.revisions.last() {

@@ -82,6 +82,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use mirror_core::{Action, RetryPolicy};
+
 mod apply;
 mod genesis;
 mod probe;
@@ -141,6 +143,10 @@ pub enum EngineError {
     /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
     #[error("reconnect: {0}")]
     Reconnect(&'static str),
+    /// SIGTERM/SIGINT arrived inside a long phase (scan, sweep, reconcile pass, retry wait):
+    /// stop now; a restart resumes from the checkpoint.
+    #[error("shutting down")]
+    Shutdown,
 }
 
 impl EngineError {
@@ -150,7 +156,7 @@ impl EngineError {
             EngineError::Fence(f) => f.class(),
             EngineError::Refused { .. } => ErrorClass::Permanent,
             EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
-            EngineError::Reconnect(_) => ErrorClass::Transient,
+            EngineError::Reconnect(_) | EngineError::Shutdown => ErrorClass::Transient,
         }
     }
 
@@ -162,6 +168,7 @@ impl EngineError {
             EngineError::RestartGenesis(r) | EngineError::Resync(r) | EngineError::Reconnect(r) => {
                 (*r).to_owned()
             }
+            EngineError::Shutdown => "Shutdown".to_owned(),
         }
     }
 }
@@ -200,6 +207,20 @@ pub struct Engine {
     reload: Option<tokio::sync::watch::Receiver<Config>>,
     /// Whether both sides ever answered; until then failures keep the phase `connecting`.
     ever_connected: bool,
+    /// What the current run achieved; the run loop resets its waits by it.
+    progress: Progress,
+}
+
+/// How far a run got, for resetting the retry waits ([`RetryPolicy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Progress {
+    /// Nothing succeeded.
+    #[default]
+    None,
+    /// A Txn landed or the tail ran: the transient and throttle waits start over.
+    Healthy,
+    /// A live revision was applied: the resync wait starts over too.
+    Live,
 }
 
 impl Engine {
@@ -225,6 +246,7 @@ impl Engine {
             metrics: None,
             reload: None,
             ever_connected: false,
+            progress: Progress::None,
         }
     }
 
@@ -241,7 +263,7 @@ impl Engine {
         self
     }
 
-    pub(super) fn update(&self, f: impl FnOnce(&mut Status)) {
+    fn update(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.write().expect("status lock");
         f(&mut s);
         s.lag_revisions = (s.source_revision - s.watermark).max(0);
@@ -254,12 +276,30 @@ impl Engine {
         }
     }
 
-    pub(super) fn set_phase(&self, phase: Phase) {
+    /// Records progress of the current run (never lowers it).
+    fn made_progress(&mut self, progress: Progress) {
+        self.progress = self.progress.max(progress);
+    }
+
+    /// Fails with [`EngineError::Shutdown`] once SIGTERM/SIGINT arrived: long loops call it each
+    /// step so the process exits within a step of the signal.
+    fn stop_if_shutting_down(&self) -> Result<(), EngineError> {
+        if self.shutdown.is_cancelled() {
+            return Err(EngineError::Shutdown);
+        }
+        Ok(())
+    }
+
+    fn set_phase(&self, phase: Phase) {
         let old = self.status.read().expect("status lock").phase;
         if old != phase {
             info!(from = old.as_str(), to = phase.as_str(), "phase");
             self.update(|s| {
                 s.phase = phase;
+                if phase == Phase::Syncing {
+                    // Recovered: an error that no longer holds is not "the last error".
+                    s.last_error = None;
+                }
                 let available = matches!(phase, Phase::Syncing);
                 s.set_condition("Available", available, phase_reason(phase), "");
             });
@@ -302,15 +342,15 @@ struct Watch {
 }
 
 impl Run<'_> {
-    pub(super) fn cfg(&self) -> &Config {
+    fn cfg(&self) -> &Config {
         &self.engine.cfg
     }
 
-    pub(super) fn timeout(&self) -> Duration {
+    fn timeout(&self) -> Duration {
         self.engine.cfg.sync.request_timeout.get()
     }
 
-    pub(super) fn template(&self, watermark: i64) -> Checkpoint {
+    fn template(&self, watermark: i64) -> Checkpoint {
         Checkpoint {
             link_uid: self.cfg().link_uid.clone(),
             epoch: self.cfg().epoch as u64,
@@ -327,13 +367,13 @@ impl Run<'_> {
 
     /// Packs independent target ops by `max_txn_ops` (one slot left for the checkpoint) and
     /// `txn_flush_bytes`.
-    pub(super) fn chunker(&self) -> OpChunker {
+    fn chunker(&self) -> OpChunker {
         let sync = &self.cfg().sync;
         OpChunker::new((sync.max_txn_ops as usize).saturating_sub(1), sync.txn_flush_bytes.bytes() as usize)
     }
 
     /// Page limits and deadline of every reader, as configured.
-    pub(super) fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
+    fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
         let sync = &self.cfg().sync;
         mirror_core::PagerOptions::new(
             op,
@@ -343,12 +383,12 @@ impl Run<'_> {
         )
     }
 
-    pub(super) fn writer(&mut self) -> &mut FencedWriter {
+    fn writer(&mut self) -> &mut FencedWriter {
         self.writer.as_mut().expect("fence claimed before any write")
     }
 }
 
-pub(super) fn phase_reason(phase: Phase) -> &'static str {
+fn phase_reason(phase: Phase) -> &'static str {
     match phase {
         Phase::Connecting => "Connecting",
         Phase::InitialSync => "InitialSync",
@@ -360,11 +400,11 @@ pub(super) fn phase_reason(phase: Phase) -> &'static str {
     }
 }
 
-pub(super) fn is_condition(reason: &str) -> bool {
+fn is_condition(reason: &str) -> bool {
     matches!(reason, "EmptyTargetViolation" | "DirectionConflict" | "PrefixConflict")
 }
 
-pub(super) fn hostname() -> String {
+fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown-host".into())

@@ -21,6 +21,7 @@ impl Run<'_> {
         let mut deleted = 0u64;
         info!("prune sweep started");
         loop {
+            self.engine.stop_if_shutting_down()?;
             let diff = differ.next_difference().await?;
             let done = diff.is_none();
             let full = match diff {
@@ -159,6 +160,7 @@ impl Run<'_> {
         let rate = sync.max_ops_per_second.max(0) as f64;
         let mut repaired = 0u64;
         loop {
+            self.engine.stop_if_shutting_down()?;
             let diff = match differ.next_difference().await {
                 Ok(d) => d,
                 Err(e) if e.class() == ErrorClass::Resync => {

@@ -8,7 +8,7 @@ impl Engine {
     /// engine in `failed` (HTTP keeps serving); fence losses park it in `standby`.
     pub async fn run(mut self) {
         let mut pending = Pending::Resume;
-        let mut backoff = self.cfg.sync.backoff.initial.get();
+        let mut policy = RetryPolicy::new(&self.cfg.sync);
         let mut last_reconnect: Option<Instant> = None;
         loop {
             if self.shutdown.is_cancelled() {
@@ -16,8 +16,14 @@ impl Engine {
             }
             let result = self.connect_and_run(pending).await;
             pending = Pending::Resume;
+            // What the run achieved resets the waits (defect #1 of issue 10: they never reset).
+            match std::mem::take(&mut self.progress) {
+                Progress::None => {}
+                Progress::Healthy => policy.on_success(),
+                Progress::Live => policy.on_live_progress(),
+            }
             let err = match result {
-                Ok(()) => return,
+                Ok(()) | Err(EngineError::Shutdown) => return,
                 Err(EngineError::Reconnect(why)) => {
                     info!(why, "reconnecting both sides with the current settings and files");
                     // Immediate once; a reconnect that asks for another within seconds (a
@@ -54,17 +60,14 @@ impl Engine {
                 EngineError::RestartGenesis(reason) => {
                     self.note_resync(reason, false);
                     pending = Pending::FreshGenesis;
-                    continue;
                 }
                 EngineError::Resync(reason) => {
                     self.note_resync(reason, true);
                     pending = Pending::FreshGenesis;
-                    continue;
                 }
                 EngineError::Etcd(_) if class == ErrorClass::Resync => {
                     self.note_resync("SourceCompacted", true);
                     pending = Pending::FreshGenesis;
-                    continue;
                 }
                 _ => {}
             }
@@ -87,17 +90,28 @@ impl Engine {
                     return;
                 }
                 _ => {
-                    warn!(class = %class, reason = %err.reason(), "{err}; retrying in {backoff:?}");
+                    let delay = match policy.on_error(class) {
+                        Action::RetryAfter(delay) => {
+                            warn!(class = %class, reason = %err.reason(), "{err}; retrying in {delay:?}");
+                            delay
+                        }
+                        Action::FreshGenesisAfter(delay) => {
+                            if !delay.is_zero() {
+                                warn!(reason = %err.reason(), "fresh genesis in {delay:?} (resyncs in a row back off)");
+                            }
+                            delay
+                        }
+                        Action::Stop => Duration::ZERO,
+                    };
                     // Never connected yet: still connecting (not ready). Lost a working link:
                     // degraded (ready, and saying so) while it reconnects.
-                    if self.ever_connected {
+                    if self.ever_connected && pending == Pending::Resume {
                         self.set_phase(Phase::Degraded);
                     }
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(delay) => {}
                     }
-                    backoff = (backoff * 2).min(self.cfg.sync.backoff.max.get());
                 }
             }
         }

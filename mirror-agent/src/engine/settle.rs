@@ -30,6 +30,7 @@ impl Run<'_> {
         let mut chunker = self.chunker();
         let mut differences = 0u64;
         loop {
+            self.engine.stop_if_shutting_down()?;
             let diff = match differ.next_difference().await {
                 Ok(d) => d,
                 Err(e) if e.class() == ErrorClass::Resync => {

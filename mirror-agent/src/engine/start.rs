@@ -42,6 +42,29 @@ impl Run<'_> {
                 self.claim(observed, next).await?;
                 self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
             }
+            None if pending == Pending::Resume && self.cfg().initial_sync.start_revision > 0 => {
+                // The operator says the target already holds the source's state just before
+                // `start_revision` (restored from a snapshot, say): tail from it, scan nothing.
+                // Only for a link's very first start; a later forced resync scans in full.
+                let start = self.cfg().initial_sync.start_revision;
+                warn!(
+                    start,
+                    "initial_sync.start_revision: tailing from it with no scan; the target must already hold the source's state at {}",
+                    start - 1
+                );
+                self.claim(observed, self.template(start - 1)).await?;
+                self.engine.update(|s| {
+                    s.initial_sync.completed.get_or_insert_with(now_rfc3339);
+                    s.set_condition(
+                        "InitialSyncComplete",
+                        true,
+                        "StartRevision",
+                        format!("tailing from {start}, no scan"),
+                    );
+                });
+                let watch = self.open_watch(start).await?;
+                self.tail(watch, None).await
+            }
             stored => {
                 let first_ever = stored.is_none() || clusters_changed;
                 if first_ever && self.cfg().initial_sync.mode == InitialSyncMode::RequireEmpty {
@@ -56,10 +79,6 @@ impl Run<'_> {
                     self.timeout(),
                 )
                 .await?;
-                let r0 = match self.cfg().initial_sync.start_revision {
-                    0 => r0,
-                    start => start.min(r0),
-                };
                 let mut next = self.template(r0);
                 next.scanning = true;
                 next.prune_pending = prune;

@@ -11,6 +11,7 @@ impl Run<'_> {
         genesis: Option<(i64, Vec<Revision>)>,
     ) -> Result<(), EngineError> {
         self.watch = Some(watch);
+        self.engine.made_progress(Progress::Healthy);
         let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
         if let Some((_, replay)) = genesis {
             self.apply_revisions(replay, &mut scan_end).await?;

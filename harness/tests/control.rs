@@ -142,3 +142,28 @@ async fn verify_under_churn_is_always_equal() {
     assert!(!churn.is_finished(), "the churn ran through all ten runs");
     churn.await.unwrap().unwrap();
 }
+
+/// A restart with a changed `exclude_prefixes` forces a resync with prune: keys that are no
+/// longer excluded are copied. The checkpoint used to carry no range, so the agent resumed from
+/// the watermark and never copied them (defect #16 of issue 10).
+#[tokio::test]
+async fn a_changed_range_forces_a_resync() {
+    let (source, target) = scenario::pair().await.unwrap();
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    load_keys(&mut src, "/rg/", 100, 16).await.unwrap();
+    load_keys(&mut src, "/rg/skip/", 10, 16).await.unwrap();
+    let base = scenario::fast_config(&source, &target, "range", "/rg/");
+    let mut agent = AgentProcess::start(&base.clone().with("exclude_prefixes = [\"skip/\"]")).await.unwrap();
+    synced(&agent).await.unwrap();
+    assert_eq!(scenario::count_prefix(&mut dst, "/rg/skip/").await.unwrap(), 0);
+    assert_eq!(agent.terminate().await.unwrap(), Some(0));
+
+    agent.set_config(base.clone());
+    agent.restart().await.unwrap();
+    synced(&agent).await.unwrap();
+    caught_up(&agent, &mut src).await.unwrap();
+    assert_eq!(scenario::count_prefix(&mut dst, "/rg/skip/").await.unwrap(), 10, "now in scope, now copied");
+    let status = agent.status().await.unwrap();
+    assert_eq!(status.forced_resyncs.by_reason.get("RangeChanged"), Some(&1), "{:?}", status.forced_resyncs);
+    assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), G3::Holds { keys: 110, .. }));
+}

@@ -219,6 +219,17 @@ impl KeyRewriter {
         subtract(self.target_range(), std::slice::from_ref(&self.reserved))
     }
 
+    /// A fingerprint of what this rewriter mirrors (source prefix, destination prefix,
+    /// excludes): equal fingerprints mean the same range.
+    pub fn range_fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        for part in [&self.source_prefix, &self.dest_prefix].into_iter().chain(self.excludes.iter()) {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        format!("sha256:{}", &hex::encode(h.finalize())[..32])
+    }
+
     /// Redacts a source or target key of this link (see [`redact_key`]).
     pub fn redact(&self, key: &[u8]) -> String {
         let prefix = [&self.source_prefix, &self.dest_prefix]

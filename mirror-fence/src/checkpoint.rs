@@ -1,8 +1,10 @@
 //! The checkpoint record of SPEC §6: what the fence key holds, as JSON with `"v": 1`.
 //!
 //! Decoding fails closed: a record this agent does not fully understand must stop all writes
-//! (G7), so every field is required, typed strictly and range-checked, and unknown fields are
-//! refused (a newer writer would bump `v`). The error names the field.
+//! (G7), so every field is typed strictly and range-checked, and unknown fields are refused (a
+//! newer writer would bump `v`). The error names the field. Every field is required except the
+//! two added later within v1, `commit` and `range`, which records written before them lack:
+//! such records still decode (with both empty), so an upgraded agent resumes an older link.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -45,6 +47,15 @@ pub struct Checkpoint {
     pub target_cluster_id: u64,
     /// Free-form id of the writing agent (host/pid), for operators.
     pub agent_id: String,
+    /// Unique per commit attempt (a per-process random nonce and a counter), so the ambiguous-
+    /// commit rule ("the stored bytes are exactly what this attempt wrote") can never match
+    /// another process's write, even one with the same host and pid (two pods of a StatefulSet).
+    /// Empty in records written before it existed.
+    pub commit: String,
+    /// Fingerprint of the mirrored range (source prefix, destination prefix, excludes); a
+    /// restart under another range forces a resync with prune. Empty when unknown (records
+    /// written before it existed).
+    pub range: String,
 }
 
 /// Why a stored record was refused. Each variant names the field.
@@ -81,6 +92,8 @@ const FIELDS: &[&str] = &[
     "source_cluster_id",
     "target_cluster_id",
     "agent_id",
+    "commit",
+    "range",
 ];
 
 impl Checkpoint {
@@ -98,6 +111,8 @@ impl Checkpoint {
             "source_cluster_id": self.source_cluster_id.to_string(),
             "target_cluster_id": self.target_cluster_id.to_string(),
             "agent_id": self.agent_id,
+            "commit": self.commit,
+            "range": self.range,
         });
         serde_json::to_vec(&value).expect("a JSON value always serialises")
     }
@@ -150,6 +165,8 @@ impl Checkpoint {
             source_cluster_id: r.decimal("source_cluster_id")?,
             target_cluster_id: r.decimal("target_cluster_id")?,
             agent_id: r.str("agent_id")?,
+            commit: r.optional_str("commit")?,
+            range: r.optional_str("range")?,
         })
     }
 }
@@ -175,6 +192,14 @@ impl Reader<'_> {
 
     fn str(&self, field: &'static str) -> Result<String, DecodeError> {
         self.get(field)?.as_str().map(str::to_owned).ok_or_else(|| invalid(field, "must be a string"))
+    }
+
+    /// A string field added within v1: absent reads as empty.
+    fn optional_str(&self, field: &'static str) -> Result<String, DecodeError> {
+        match self.0.get(field) {
+            None => Ok(String::new()),
+            Some(_) => self.str(field),
+        }
     }
 
     /// Cluster ids are 64-bit and written as decimal strings, because JSON numbers lose

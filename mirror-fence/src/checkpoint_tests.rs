@@ -16,6 +16,8 @@ fn sample() -> Checkpoint {
         source_cluster_id: u64::MAX,
         target_cluster_id: 14841639068965178418,
         agent_id: "host-a/42".into(),
+        commit: "0123456789abcdef-7".into(),
+        range: "sha256:00ff".into(),
     }
 }
 
@@ -59,6 +61,8 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
                     source_cluster_id: s,
                     target_cluster_id: t,
                     agent_id,
+                    commit: format!("{s:016x}-{t}"),
+                    range: String::new(),
                 }
             },
         )
@@ -106,6 +110,8 @@ proptest! {
 #[case::target_cluster_id_missing("target_cluster_id", None)]
 #[case::agent_id_number("agent_id", Some(json!(1)))]
 #[case::agent_id_missing("agent_id", None)]
+#[case::commit_number("commit", Some(json!(1)))]
+#[case::range_null("range", Some(Value::Null))]
 fn malformed_field_fails_closed(#[case] field: &str, #[case] value: Option<Value>) {
     let mut v = sample_json();
     let obj = v.as_object_mut().unwrap();
@@ -134,4 +140,16 @@ fn cursor_without_scanning_fails_closed() {
 #[case::empty(Vec::new())]
 fn non_records_fail_closed(#[case] bytes: Vec<u8>) {
     assert!(Checkpoint::decode(&bytes).is_err());
+}
+
+/// A record written before `commit` and `range` existed still decodes, both empty: an upgraded
+/// agent resumes an older link.
+#[test]
+fn records_without_the_later_fields_decode() {
+    let mut v = sample_json();
+    let obj = v.as_object_mut().unwrap();
+    obj.remove("commit");
+    obj.remove("range");
+    let record = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+    assert_eq!((record.commit.as_str(), record.range.as_str()), ("", ""));
 }

@@ -27,6 +27,17 @@ use mirror_core::{unary, ErrorClass, EtcdError, Side};
 
 use crate::checkpoint::{Checkpoint, DecodeError, Role};
 
+/// A commit id unique to this attempt: a random per-process nonce and a counter.
+fn next_commit_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // RandomState is seeded from the OS's randomness once per process.
+    let nonce = *NONCE.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish());
+    format!("{nonce:016x}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
 /// etcd's default `--max-txn-ops`.
 const DEFAULT_MAX_TXN_OPS: usize = 128;
 
@@ -197,11 +208,27 @@ impl FencedWriter {
         mut kv: KvClient,
         key: Vec<u8>,
         mut observed: Observed,
-        record: Checkpoint,
+        mut record: Checkpoint,
         timeout: Duration,
     ) -> Result<FencedWriter, FenceError> {
-        for _ in 0..3 {
+        // Lost races are retried: three times against a writer of our epoch (then it is an
+        // active duplicate: EpochRegressed), for as long as it takes against a lower epoch
+        // (ours wins; giving up there reported a regression that was not one).
+        let mut pause =
+            mirror_core::ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(1), 2);
+        let mut races = 0u32;
+        loop {
+            let lower_epoch_racing =
+                matches!(&observed, Observed::Present { record: stored, .. } if stored.epoch < record.epoch);
+            if races >= 3 && !lower_epoch_racing {
+                break;
+            }
+            if races > 0 {
+                tokio::time::sleep(pause.next_delay()).await;
+            }
+            races += 1;
             may_claim(&observed, &record)?;
+            record.commit = next_commit_id();
             let bytes = record.encode();
             let txn = Txn::new()
                 .when([Compare::mod_revision(key.clone(), CompareOp::Equal, observed.mod_revision())])
@@ -240,7 +267,7 @@ impl FencedWriter {
                 }
             }
         }
-        // Three lost races in a row: another writer of our epoch or older is active.
+        // Three lost races in a row against a writer of our own epoch.
         match observed {
             Observed::Present { record: stored, .. } => Err(FenceError::EpochRegressed {
                 stored: stored.epoch,
@@ -291,6 +318,11 @@ impl FencedWriter {
     /// One fenced Txn: `ops` and, when `next` is given, the checkpoint put, all or nothing.
     /// Returns the target revision of the Txn.
     pub async fn commit(&mut self, ops: Vec<TxnOp>, next: Option<Checkpoint>) -> Result<i64, FenceError> {
+        // Each attempt's bytes are unique, so adopting "our" ambiguous commit is never a mistake.
+        let next = next.map(|mut n| {
+            n.commit = next_commit_id();
+            n
+        });
         let next_bytes = next.as_ref().map(Checkpoint::encode);
         let mut all = self.lay_out(ops, usize::from(next_bytes.is_some()))?;
         if let Some(bytes) = &next_bytes {

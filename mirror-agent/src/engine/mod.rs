@@ -362,6 +362,8 @@ impl Run<'_> {
             source_cluster_id: self.source_cluster,
             target_cluster_id: self.target_cluster,
             agent_id: self.engine.agent_id.clone(),
+            commit: String::new(),
+            range: self.engine.rewriter.range_fingerprint(),
         }
     }
 

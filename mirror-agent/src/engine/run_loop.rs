@@ -160,9 +160,23 @@ impl Engine {
         self.update(|s| s.set_condition("Fenced", true, reason, message));
         // Keep the fence visible in status; log only on change.
         let mut last: Option<(u64, String)> = None;
-        let Ok(client) = connect(Side::Target, &self.cfg.target, &self.cfg.sync).await else {
-            self.shutdown.cancelled().await;
-            return false;
+        // The target may be down just now: keep trying (defect #7 of issue 10: a failed
+        // connect here parked the standby until shutdown, so it could never take over).
+        let mut wait = RetryPolicy::new(&self.cfg.sync);
+        let client = loop {
+            match connect(Side::Target, &self.cfg.target, &self.cfg.sync).await {
+                Ok(client) => break client,
+                Err(e) => {
+                    let Action::RetryAfter(delay) = wait.on_error(ErrorClass::Transient) else {
+                        return false;
+                    };
+                    warn!("standby cannot reach the target ({e}); retrying in {delay:?}");
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return false,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
         };
         let mut kv = client.kv_client();
         let key = self.cfg.checkpoint_key();

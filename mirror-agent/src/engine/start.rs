@@ -19,12 +19,28 @@ impl Run<'_> {
         if clusters_changed {
             warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
         }
+        // The range this record describes. A different one (say `exclude_prefixes` changed)
+        // means keys now in scope were never copied and keys now out of scope are stale: the
+        // watermark says nothing about either, so only a full genesis with prune is right
+        // (re-scanning just the difference would need the old range, which the record does
+        // not keep). Records written before the range was recorded are taken as unchanged.
+        let ours = self.engine.rewriter.range_fingerprint();
+        let range_changed =
+            !clusters_changed && stored.as_ref().is_some_and(|r| !r.range.is_empty() && r.range != ours);
+        let pending = if range_changed && pending == Pending::Resume {
+            warn!("the mirrored range changed since the checkpoint was written; forced resync with prune");
+            self.engine.note_resync("RangeChanged", true);
+            Pending::FreshGenesis
+        } else {
+            pending
+        };
         match stored {
             Some(r) if pending == Pending::Resume && !clusters_changed && !r.scanning => {
                 // Tail from the watermark.
                 let mut next = r.clone();
                 next.epoch = self.cfg().epoch as u64;
                 next.agent_id = self.engine.agent_id.clone();
+                next.range = ours;
                 self.claim(observed, next).await?;
                 self.engine.update(|s| {
                     s.watermark = r.watermark;
@@ -39,6 +55,7 @@ impl Run<'_> {
                 let mut next = r.clone();
                 next.epoch = self.cfg().epoch as u64;
                 next.agent_id = self.engine.agent_id.clone();
+                next.range = ours;
                 self.claim(observed, next).await?;
                 self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
             }

@@ -153,6 +153,7 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         let (registry, metrics) = metrics::registry(status.clone());
         let http = tokio::spawn(http::serve(listener, status.clone(), registry, shutdown.clone()));
         let (reload_tx, reload_rx) = tokio::sync::watch::channel(config.clone());
+        tokio::spawn(freshness_watchdog(status.clone(), reload_rx.clone(), shutdown.clone()));
         let engine = tokio::spawn(
             engine::Engine::new(config.clone(), status, shutdown.clone())
                 .with_metrics(metrics)
@@ -241,5 +242,23 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => config_error(file, &e),
+    }
+}
+
+/// Refreshes the lag figures and the staleness rule once a second, independently of the engine,
+/// so a wedged engine loop shows as `ReplicationLagExceeded` instead of looking healthy.
+async fn freshness_watchdog(
+    status: engine::StatusHandle,
+    config: tokio::sync::watch::Receiver<mirror_core::Config>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let rule = mirror_core::Freshness::of(&config.borrow());
+        status.write().expect("status lock").refresh(std::time::SystemTime::now(), &rule);
     }
 }

@@ -140,6 +140,49 @@ impl Collector for StatusCollector {
         gauge(&mut e, "fenced", "1 while another writer holds the fence", flag("Fenced"))?;
         gauge(&mut e, "cutover_ready", "1 once drained, verified and promoted", flag("CutoverReady"))?;
         gauge(&mut e, "initial_sync_complete", "1 once G3 holds", flag("InitialSyncComplete"))?;
+        gauge(
+            &mut e,
+            "seconds_since_progress",
+            "Seconds since the watermark last moved or was confirmed current",
+            s.seconds_since_progress,
+        )?;
+        gauge(
+            &mut e,
+            "replication_lag_exceeded",
+            "1 while the lag or the time without progress is over sync.max_lag",
+            flag("ReplicationLagExceeded"),
+        )?;
+        gauge(
+            &mut e,
+            "resync_loop_detected",
+            "1 while forced resyncs or genesis restarts repeat with no live apply",
+            flag("ResyncLoopDetected"),
+        )?;
+        let current = s.last_error.as_ref().map(|e| e.class.as_str());
+        let classes: Vec<(String, i64)> = ["transient", "throttle", "quota", "resync", "permanent"]
+            .iter()
+            .map(|c| ((*c).to_owned(), i64::from(current == Some(*c))))
+            .collect();
+        labelled_gauges(
+            &mut e,
+            "last_error",
+            "1 for the class of the last error, while it stands",
+            "class",
+            &classes,
+        )?;
+        let reconciled_at = s
+            .last_reconcile
+            .as_ref()
+            .and_then(|r| r.time.as_deref())
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64);
+        gauge(
+            &mut e,
+            "last_reconcile_timestamp_seconds",
+            "Unix time of the last reconcile pass (0 before the first)",
+            reconciled_at,
+        )?;
         let drift = s.last_reconcile.clone().unwrap_or_default();
         labelled_gauges(
             &mut e,

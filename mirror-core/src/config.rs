@@ -190,6 +190,10 @@ pub struct SyncSection {
     pub progress_interval: HumanDuration,
     /// Whether progress notifications advance the watermark.
     pub trust_progress_notify: TrustProgressNotify,
+    /// Lag beyond which `ReplicationLagExceeded` is raised and the link stops reporting
+    /// `Available`: the watermark has trailed the source for this long, or nothing has moved it
+    /// for this long while the source is ahead.
+    pub max_lag: HumanDuration,
 }
 
 impl Default for SyncSection {
@@ -208,6 +212,7 @@ impl Default for SyncSection {
             backoff: Backoff::default(),
             progress_interval: HumanDuration::secs(45),
             trust_progress_notify: TrustProgressNotify::Auto,
+            max_lag: HumanDuration::secs(300),
         }
     }
 }
@@ -447,6 +452,7 @@ impl Config {
             ("sync.dial_timeout", s.dial_timeout),
             ("sync.progress_interval", s.progress_interval),
             ("sync.backoff.initial", s.backoff.initial),
+            ("sync.max_lag", s.max_lag),
         ] {
             if d.get().is_zero() {
                 v.add(field, "must be > 0s");

@@ -198,8 +198,6 @@ pub struct Engine {
     agent_id: String,
     /// Consecutive forced resyncs with no live apply between.
     resyncs_in_a_row: u32,
-    /// Since when the watermark trails the source revision (for `lag_seconds`).
-    behind_since: RwLock<Option<Instant>>,
     /// Histograms observed per landed Txn, when served.
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Validated configs from SIGHUP; only fields that may change live differ (the caller
@@ -242,7 +240,6 @@ impl Engine {
             shutdown,
             agent_id,
             resyncs_in_a_row: 0,
-            behind_since: RwLock::new(None),
             metrics: None,
             reload: None,
             ever_connected: false,
@@ -265,15 +262,13 @@ impl Engine {
 
     fn update(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.write().expect("status lock");
+        let progress_before = s.last_progress_time.clone();
         f(&mut s);
-        s.lag_revisions = (s.source_revision - s.watermark).max(0);
-        let mut behind = self.behind_since.write().expect("lag lock");
-        if s.lag_revisions == 0 {
-            *behind = None;
-            s.lag_seconds = 0.0;
-        } else {
-            s.lag_seconds = behind.get_or_insert_with(Instant::now).elapsed().as_secs_f64();
+        let now = std::time::SystemTime::now();
+        if s.last_progress_time != progress_before {
+            s.progress_at = Some(now);
         }
+        s.refresh(now, &mirror_core::Freshness::of(&self.cfg));
     }
 
     /// Records progress of the current run (never lowers it).

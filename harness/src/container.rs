@@ -8,7 +8,7 @@ use testcontainers::core::{ContainerPort, Mount};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use crate::etcd::MemberPlan;
+use crate::plan::MemberPlan;
 
 /// Label on every harness container, for sweeping leftovers of killed test runs.
 pub const LABEL: &str = "etcd-mirror.harness";

@@ -26,6 +26,7 @@ mod container;
 mod etcd;
 mod load;
 pub mod pki;
+mod plan;
 mod ports;
 mod process;
 mod proxy;

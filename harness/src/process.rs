@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
-use crate::etcd::MemberPlan;
+use crate::plan::MemberPlan;
 
 /// One etcd child process; restartable on the same data dir and ports.
 pub(crate) struct ProcessNode {

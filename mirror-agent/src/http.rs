@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
-use crate::engine::StatusHandle;
+use mirror_core::StatusHandle;
 
 /// Serves until `shutdown`.
 pub async fn serve(

@@ -15,6 +15,7 @@ mod cutover;
 mod engine;
 mod http;
 mod metrics;
+mod reporter;
 mod verify;
 
 use std::path::PathBuf;

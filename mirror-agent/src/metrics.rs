@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::engine::StatusHandle;
+use mirror_core::StatusHandle;
 
 /// Live-observed metrics the engine feeds.
 #[derive(Debug)]

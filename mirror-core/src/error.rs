@@ -11,6 +11,8 @@ use std::fmt;
 
 use tonic::Code;
 
+pub use crate::side::Side;
+
 /// What the engine does about an error (SPEC §5 table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -210,25 +212,6 @@ impl EtcdError {
     /// The class of the fault.
     pub fn class(&self) -> ErrorClass {
         self.fault.class()
-    }
-}
-
-/// Which cluster an error or a connection belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Side {
-    /// The cluster read from.
-    Source,
-    /// The cluster written to.
-    Target,
-}
-
-impl fmt::Display for Side {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Side::Source => "source",
-            Side::Target => "target",
-        })
     }
 }
 

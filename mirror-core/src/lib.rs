@@ -29,6 +29,7 @@ mod connect;
 mod error;
 mod keys;
 mod pager;
+mod side;
 mod status;
 mod stride;
 pub mod tls;
@@ -48,7 +49,7 @@ pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, Condition, CutoverStatus, ForcedResyncs, Freshness, InitialSyncStatus, LastError,
-    LastReconcile, Phase, SideStatus, Status,
+    LastReconcile, Phase, SideStatus, Status, StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

@@ -159,6 +159,9 @@ pub struct Condition {
     pub since: String,
 }
 
+/// The live status, shared by the engine (writer) and the HTTP server (readers).
+pub type StatusHandle = std::sync::Arc<std::sync::RwLock<Status>>;
+
 /// The whole `/statusz` document.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {

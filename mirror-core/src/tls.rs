@@ -19,7 +19,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use x509_cert::der::Decode;
 
 use crate::config::Tls;
-use crate::error::Side;
+use crate::side::Side;
 
 /// What a connect needs: the tonic TLS settings and, only with an acknowledged
 /// `insecure_skip_verify`, a verifier that accepts any server certificate.

@@ -204,10 +204,7 @@ impl Run<'_> {
             let result = self.writer().commit(txn_ops, Some(next.clone())).await;
             let err = match result {
                 Ok(_) => {
-                    if let Some(m) = &self.engine.metrics {
-                        m.apply_latency.observe(started.elapsed().as_secs_f64());
-                        m.batch_size.observe(ops.len() as f64);
-                    }
+                    self.engine.reporter.txn_landed(ops.len(), started.elapsed());
                     self.pace(ops.len()).await;
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| s.watermark = next.watermark);

@@ -62,7 +62,7 @@
 //! only compares: when equal it moves the watermark; otherwise the missing events are still on
 //! their way and the next idle reply compares again.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
@@ -114,8 +114,7 @@ const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Shared, readable by the HTTP server.
-pub type StatusHandle = Arc<RwLock<Status>>;
+pub use mirror_core::StatusHandle;
 
 /// How an engine run ended, as the outer loop sees it.
 #[derive(Debug, thiserror::Error)]
@@ -193,13 +192,11 @@ enum Pending {
 pub struct Engine {
     cfg: Config,
     rewriter: KeyRewriter,
-    status: StatusHandle,
+    reporter: crate::reporter::Reporter,
     shutdown: CancellationToken,
     agent_id: String,
     /// Consecutive forced resyncs with no live apply between.
     resyncs_in_a_row: u32,
-    /// Histograms observed per landed Txn, when served.
-    metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Validated configs from SIGHUP; only fields that may change live differ (the caller
     /// refuses the rest).
     reload: Option<tokio::sync::watch::Receiver<Config>>,
@@ -226,21 +223,20 @@ impl Engine {
     pub fn new(cfg: Config, status: StatusHandle, shutdown: CancellationToken) -> Engine {
         let rewriter = cfg.rewriter();
         let agent_id = format!("{}/{}", hostname(), std::process::id());
-        {
-            let mut s = status.write().expect("status lock");
+        let reporter = crate::reporter::Reporter::new(status, mirror_core::Freshness::of(&cfg));
+        reporter.update(|s| {
             s.link_uid = cfg.link_uid.clone();
             s.epoch = cfg.epoch as u64;
             s.role = "mirror".into();
             s.agent_id = agent_id.clone();
-        }
+        });
         Engine {
             cfg,
             rewriter,
-            status,
+            reporter,
             shutdown,
             agent_id,
             resyncs_in_a_row: 0,
-            metrics: None,
             reload: None,
             ever_connected: false,
             progress: Progress::None,
@@ -256,19 +252,12 @@ impl Engine {
 
     /// Observes apply latency and batch size into `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Engine {
-        self.metrics = Some(metrics);
+        self.reporter = self.reporter.with_metrics(metrics);
         self
     }
 
     fn update(&self, f: impl FnOnce(&mut Status)) {
-        let mut s = self.status.write().expect("status lock");
-        let progress_before = s.last_progress_time.clone();
-        f(&mut s);
-        let now = std::time::SystemTime::now();
-        if s.last_progress_time != progress_before {
-            s.progress_at = Some(now);
-        }
-        s.refresh(now, &mirror_core::Freshness::of(&self.cfg));
+        self.reporter.update(f);
     }
 
     /// Records progress of the current run (never lowers it).
@@ -286,19 +275,7 @@ impl Engine {
     }
 
     fn set_phase(&self, phase: Phase) {
-        let old = self.status.read().expect("status lock").phase;
-        if old != phase {
-            info!(from = old.as_str(), to = phase.as_str(), "phase");
-            self.update(|s| {
-                s.phase = phase;
-                if phase == Phase::Syncing {
-                    // Recovered: an error that no longer holds is not "the last error".
-                    s.last_error = None;
-                }
-                let available = matches!(phase, Phase::Syncing);
-                s.set_condition("Available", available, phase_reason(phase), "");
-            });
-        }
+        self.reporter.set_phase(phase, phase_reason(phase));
     }
 }
 

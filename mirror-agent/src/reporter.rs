@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mirror_core::{Freshness, Phase, Status, StatusHandle};
+use mirror_core::{ConditionType, Freshness, Phase, Status, StatusHandle};
 use tracing::info;
 
 use crate::metrics::Metrics;
@@ -60,7 +60,7 @@ impl Reporter {
                 if phase == Phase::Syncing {
                     s.last_error = None;
                 }
-                s.set_condition("Available", phase == Phase::Syncing, reason, "");
+                s.set_condition(ConditionType::Available, phase == Phase::Syncing, reason, "");
             });
         }
     }

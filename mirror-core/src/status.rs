@@ -159,6 +159,80 @@ pub struct Condition {
     pub since: String,
 }
 
+/// The condition types of SPEC §7, and `DrainVerificationFailed`. The engine names conditions
+/// only through this enum; `/statusz` carries their names as strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
+    /// The link replicates (phase `syncing`) and is not stale.
+    Available,
+    /// The source answered the last probe.
+    SourceReachable,
+    /// The target answered the last probe and takes writes.
+    TargetReachable,
+    /// The target answers "too many requests".
+    TargetThrottled,
+    /// The target is out of space.
+    TargetQuotaExhausted,
+    /// The target equals the source at the watermark (G3).
+    InitialSyncComplete,
+    /// Resyncs or genesis restarts repeat with no live apply.
+    ResyncLoopDetected,
+    /// Lag, or time without progress, over `sync.max_lag`.
+    ReplicationLagExceeded,
+    /// The last reconcile pass found differences.
+    DriftDetected,
+    /// `require_empty` met a non-empty destination range.
+    EmptyTargetViolation,
+    /// Drained, verified and promoted.
+    CutoverReady,
+    /// Counts equal and no drift at the last pass.
+    InvariantsHeld,
+    /// An endpoint is a learner.
+    LearnerEndpoint,
+    /// An endpoint of a side does not answer.
+    MemberUnreachable,
+    /// Another link's checkpoint where this link writes or prunes.
+    PrefixConflict,
+    /// The link would write into its own source, or echo with another link.
+    DirectionConflict,
+    /// Another writer holds the fence.
+    Fenced,
+    /// The sides still differed after the drain's repair pass.
+    DrainVerificationFailed,
+}
+
+impl ConditionType {
+    /// The name in `/statusz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Available => "Available",
+            ConditionType::SourceReachable => "SourceReachable",
+            ConditionType::TargetReachable => "TargetReachable",
+            ConditionType::TargetThrottled => "TargetThrottled",
+            ConditionType::TargetQuotaExhausted => "TargetQuotaExhausted",
+            ConditionType::InitialSyncComplete => "InitialSyncComplete",
+            ConditionType::ResyncLoopDetected => "ResyncLoopDetected",
+            ConditionType::ReplicationLagExceeded => "ReplicationLagExceeded",
+            ConditionType::DriftDetected => "DriftDetected",
+            ConditionType::EmptyTargetViolation => "EmptyTargetViolation",
+            ConditionType::CutoverReady => "CutoverReady",
+            ConditionType::InvariantsHeld => "InvariantsHeld",
+            ConditionType::LearnerEndpoint => "LearnerEndpoint",
+            ConditionType::MemberUnreachable => "MemberUnreachable",
+            ConditionType::PrefixConflict => "PrefixConflict",
+            ConditionType::DirectionConflict => "DirectionConflict",
+            ConditionType::Fenced => "Fenced",
+            ConditionType::DrainVerificationFailed => "DrainVerificationFailed",
+        }
+    }
+}
+
+impl AsRef<str> for ConditionType {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
 /// The live status, shared by the engine (writer) and the HTTP server (readers).
 pub type StatusHandle = std::sync::Arc<std::sync::RwLock<Status>>;
 
@@ -225,7 +299,14 @@ pub struct Status {
 
 impl Status {
     /// Sets a condition; `since` moves only when its status flips.
-    pub fn set_condition(&mut self, type_: &str, on: bool, reason: &str, message: impl Into<String>) {
+    pub fn set_condition(
+        &mut self,
+        type_: ConditionType,
+        on: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        let type_ = type_.as_str();
         let status = if on { "True" } else { "False" };
         let message = message.into();
         match self.conditions.iter_mut().find(|c| c.type_ == type_) {
@@ -263,7 +344,7 @@ impl Status {
         self.lag_seconds = lag.as_secs_f64();
         self.seconds_since_progress = quiet.as_secs_f64();
         let exceeded = self.lag_revisions > 0 && (lag > rule.max_lag || quiet > rule.max_lag);
-        let was = self.condition("ReplicationLagExceeded");
+        let was = self.condition(ConditionType::ReplicationLagExceeded);
         if exceeded || was {
             let message = format!(
                 "watermark {} trails the source revision {} for {:.0}s; last progress {:.0}s ago (sync.max_lag {}s)",
@@ -274,21 +355,21 @@ impl Status {
                 rule.max_lag.as_secs()
             );
             let reason = if exceeded { "LagOverMax" } else { "CaughtUp" };
-            self.set_condition("ReplicationLagExceeded", exceeded, reason, message);
+            self.set_condition(ConditionType::ReplicationLagExceeded, exceeded, reason, message);
         }
         if self.phase == Phase::Syncing {
             let (ok, reason) = if exceeded { (false, "ReplicationLagExceeded") } else { (true, "Syncing") };
-            if self.condition("Available") != ok {
-                self.set_condition("Available", ok, reason, "");
+            if self.condition(ConditionType::Available) != ok {
+                self.set_condition(ConditionType::Available, ok, reason, "");
             }
         }
         // A count older than two reconcile intervals no longer vouches for the invariants.
         if let (Some(stale_after), Some(last)) = (rule.reconcile_stale_after, &self.last_reconcile) {
             let at = last.time.as_deref().and_then(|t| humantime::parse_rfc3339(t).ok());
             let age = since(at);
-            if self.condition("InvariantsHeld") && age > stale_after {
+            if self.condition(ConditionType::InvariantsHeld) && age > stale_after {
                 self.set_condition(
-                    "InvariantsHeld",
+                    ConditionType::InvariantsHeld,
                     false,
                     "Stale",
                     format!("the last reconcile pass is {:.0}s old", age.as_secs_f64()),
@@ -298,7 +379,8 @@ impl Status {
     }
 
     /// Whether a condition is currently true.
-    pub fn condition(&self, type_: &str) -> bool {
+    pub fn condition(&self, type_: impl AsRef<str>) -> bool {
+        let type_ = type_.as_ref();
         self.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
     }
 }
@@ -338,13 +420,13 @@ mod tests {
     #[test]
     fn condition_since_moves_only_on_flip() {
         let mut s = Status::default();
-        s.set_condition("Available", true, "Syncing", "");
+        s.set_condition(ConditionType::Available, true, "Syncing", "");
         let since = s.conditions[0].since.clone();
-        s.set_condition("Available", true, "Syncing", "still");
+        s.set_condition(ConditionType::Available, true, "Syncing", "still");
         assert_eq!(s.conditions[0].since, since);
-        assert!(s.condition("Available"));
-        s.set_condition("Available", false, "Fenced", "");
-        assert!(!s.condition("Available"));
+        assert!(s.condition(ConditionType::Available));
+        s.set_condition(ConditionType::Available, false, "Fenced", "");
+        assert!(!s.condition(ConditionType::Available));
     }
 
     fn rule() -> Freshness {
@@ -361,21 +443,21 @@ mod tests {
     fn a_wedged_loop_stops_looking_available() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut s = Status { phase: Phase::Syncing, watermark: 10, source_revision: 10, ..Status::default() };
-        s.set_condition("Available", true, "Syncing", "");
+        s.set_condition(ConditionType::Available, true, "Syncing", "");
         s.progress_at = Some(t0);
         s.refresh(t0, &rule());
-        assert!(s.condition("Available") && !s.condition("ReplicationLagExceeded"));
+        assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
         s.source_revision = 50;
         s.refresh(t0 + Duration::from_secs(10), &rule());
-        assert!(s.condition("Available"), "10 s behind is within max_lag");
+        assert!(s.condition(ConditionType::Available), "10 s behind is within max_lag");
         s.refresh(t0 + Duration::from_secs(400), &rule());
-        assert!(s.condition("ReplicationLagExceeded") && !s.condition("Available"));
+        assert!(s.condition(ConditionType::ReplicationLagExceeded) && !s.condition(ConditionType::Available));
         assert_eq!(s.lag_seconds, 390.0);
         assert_eq!(s.seconds_since_progress, 400.0);
         s.watermark = 50;
         s.progress_at = Some(t0 + Duration::from_secs(401));
         s.refresh(t0 + Duration::from_secs(401), &rule());
-        assert!(s.condition("Available") && !s.condition("ReplicationLagExceeded"));
+        assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
         assert_eq!(s.lag_seconds, 0.0);
     }
 
@@ -390,11 +472,11 @@ mod tests {
             }),
             ..Status::default()
         };
-        s.set_condition("InvariantsHeld", true, "CountsEqual", "");
+        s.set_condition(ConditionType::InvariantsHeld, true, "CountsEqual", "");
         s.refresh(t0 + Duration::from_secs(3600), &rule());
-        assert!(s.condition("InvariantsHeld"));
+        assert!(s.condition(ConditionType::InvariantsHeld));
         s.refresh(t0 + Duration::from_secs(7201), &rule());
-        assert!(!s.condition("InvariantsHeld"));
+        assert!(!s.condition(ConditionType::InvariantsHeld));
     }
 
     /// Phases serialise to the names of SPEC §7.

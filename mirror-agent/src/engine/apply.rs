@@ -81,16 +81,17 @@ impl Run<'_> {
                         return Box::pin(self.apply(batch, scan_end)).await;
                     }
                 }
-                let key = ops.first().map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default();
-                let bytes: usize = ops.iter().map(Op::size).sum();
-                return Err(EngineError::Refused {
-                    reason: "RevisionTooLarge",
-                    message: format!(
-                        "source revision {last} ({} ops, {bytes} bytes, first key {key}) is too large for the target ({:?}); nothing of it was applied. Raise the target's --max-request-bytes above {bytes}",
-                        ops.len(),
-                        e.fault
-                    ),
-                });
+                return Err(Refusal::RevisionTooLarge {
+                    revision: last,
+                    ops: ops.len(),
+                    bytes: ops.iter().map(Op::size).sum(),
+                    first_key: ops
+                        .first()
+                        .map(|op| self.engine.rewriter.redact(op.key()))
+                        .unwrap_or_default(),
+                    fault: format!("{:?}", e.fault),
+                }
+                .into());
             }
             Err(e) => return Err(e),
         }
@@ -106,8 +107,8 @@ impl Run<'_> {
             s.watermark = last;
             s.keys_applied_total += n;
             s.last_progress_time = Some(now_rfc3339());
-            if live && s.condition("ResyncLoopDetected") {
-                s.set_condition("ResyncLoopDetected", false, "LiveApply", "");
+            if live && s.condition(ConditionType::ResyncLoopDetected) {
+                s.set_condition(ConditionType::ResyncLoopDetected, false, "LiveApply", "");
             }
         });
         if done {
@@ -212,9 +213,9 @@ impl Run<'_> {
                     if policy.rounds() > 0 {
                         info!("target accepts writes again");
                         self.engine.update(|s| {
-                            s.set_condition("TargetThrottled", false, "Recovered", "");
-                            s.set_condition("TargetQuotaExhausted", false, "Recovered", "");
-                            s.set_condition("TargetReachable", true, "Recovered", "");
+                            s.set_condition(ConditionType::TargetThrottled, false, "Recovered", "");
+                            s.set_condition(ConditionType::TargetQuotaExhausted, false, "Recovered", "");
+                            s.set_condition(ConditionType::TargetReachable, true, "Recovered", "");
                         });
                         let phase = if next.scanning { Phase::InitialSync } else { Phase::Syncing };
                         self.engine.set_phase(phase);
@@ -249,12 +250,17 @@ impl Run<'_> {
                     error!("target out of space; holding writes and probing");
                     self.engine.set_phase(Phase::Degraded);
                     self.engine.update(|s| {
-                        s.set_condition("TargetQuotaExhausted", true, "NoSpace", err.to_string())
+                        s.set_condition(ConditionType::TargetQuotaExhausted, true, "NoSpace", err.to_string())
                     });
                 }
                 ErrorClass::Throttle => {
                     self.engine.update(|s| {
-                        s.set_condition("TargetThrottled", true, "TooManyRequests", err.to_string())
+                        s.set_condition(
+                            ConditionType::TargetThrottled,
+                            true,
+                            "TooManyRequests",
+                            err.to_string(),
+                        )
                     });
                 }
                 ErrorClass::Transient if rounds == 3 => {
@@ -262,7 +268,7 @@ impl Run<'_> {
                     self.engine.set_phase(Phase::Degraded);
                     self.engine.update(|s| {
                         s.set_condition(
-                            "TargetReachable",
+                            ConditionType::TargetReachable,
                             false,
                             &format!("{:?}", err.fault),
                             err.to_string(),

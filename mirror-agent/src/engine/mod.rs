@@ -82,11 +82,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use mirror_core::{Action, RetryPolicy};
+use mirror_core::{Action, ConditionType, RetryPolicy};
 
 mod apply;
 mod genesis;
 mod probe;
+mod refusal;
 mod repair;
 mod run_loop;
 mod settle;
@@ -94,6 +95,7 @@ mod start;
 mod tail;
 
 use probe::{members_reachable, tls_fingerprint};
+pub use refusal::Refusal;
 
 /// Data-only scan Txns in flight at once.
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
@@ -126,13 +128,8 @@ pub enum EngineError {
     #[error(transparent)]
     Fence(#[from] FenceError),
     /// A rule of the product was broken (empty target, direction, version, oversized revision).
-    #[error("{message}")]
-    Refused {
-        /// CamelCase reason (also the condition name where one exists).
-        reason: &'static str,
-        /// Human-readable, keys redacted.
-        message: String,
-    },
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// Genesis must start over (buffer overflow, compacted watch mid-scan).
     #[error("genesis restart: {0}")]
     RestartGenesis(&'static str),
@@ -153,7 +150,7 @@ impl EngineError {
         match self {
             EngineError::Etcd(e) => e.class(),
             EngineError::Fence(f) => f.class(),
-            EngineError::Refused { .. } => ErrorClass::Permanent,
+            EngineError::Refused(_) => ErrorClass::Permanent,
             EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
             EngineError::Reconnect(_) | EngineError::Shutdown => ErrorClass::Transient,
         }
@@ -163,7 +160,7 @@ impl EngineError {
         match self {
             EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),
             EngineError::Fence(f) => f.reason().to_owned(),
-            EngineError::Refused { reason, .. } => (*reason).to_owned(),
+            EngineError::Refused(r) => r.reason().to_owned(),
             EngineError::RestartGenesis(r) | EngineError::Resync(r) | EngineError::Reconnect(r) => {
                 (*r).to_owned()
             }
@@ -372,10 +369,6 @@ fn phase_reason(phase: Phase) -> &'static str {
         Phase::Drained => "Drained",
         Phase::Failed => "Failed",
     }
-}
-
-fn is_condition(reason: &str) -> bool {
-    matches!(reason, "EmptyTargetViolation" | "DirectionConflict" | "PrefixConflict")
 }
 
 fn hostname() -> String {

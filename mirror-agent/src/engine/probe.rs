@@ -8,10 +8,11 @@ impl Engine {
     /// worked, the same failure is more likely a rotation in progress and is retried.
     pub(super) fn refuse_tls_at_start(&self, e: EtcdError) -> EngineError {
         match e.fault {
-            Fault::TlsConfig | Fault::TlsRejected if !self.ever_connected => EngineError::Refused {
+            Fault::TlsConfig | Fault::TlsRejected if !self.ever_connected => Refusal::Tls {
                 reason: if e.fault == Fault::TlsConfig { "TlsConfig" } else { "TlsRejected" },
-                message: format!("{} on {}: {}", e.op, e.side, e.source),
-            },
+                detail: format!("{} on {}: {}", e.op, e.side, e.source),
+            }
+            .into(),
             _ => e.into(),
         }
     }
@@ -24,10 +25,10 @@ impl Engine {
         let tls_files = tls_fingerprint(&self.cfg);
         let sync = &self.cfg.sync;
         let source_probe = probe_members(Side::Source, &self.cfg.source, sync).await;
-        self.update(|s| reachability(s, "SourceReachable", &source_probe));
+        self.update(|s| reachability(s, ConditionType::SourceReachable, &source_probe));
         let source_probe = source_probe.map_err(|e| self.refuse_tls_at_start(e))?;
         let target_probe = probe_members(Side::Target, &self.cfg.target, sync).await;
-        self.update(|s| reachability(s, "TargetReachable", &target_probe));
+        self.update(|s| reachability(s, ConditionType::TargetReachable, &target_probe));
         let target_probe = target_probe.map_err(|e| self.refuse_tls_at_start(e))?;
         self.ever_connected = true;
         let expiry = (tls_expiry(&self.cfg.source), tls_expiry(&self.cfg.target));
@@ -43,16 +44,12 @@ impl Engine {
         self.update(|s| {
             s.source = SideStatus { tls_cert_expiry: expiry.0, ..source_info.clone() };
             s.target = SideStatus { tls_cert_expiry: expiry.1, ..target_info.clone() };
-            s.set_condition("LearnerEndpoint", learner, "Probe", "an endpoint is a learner");
+            s.set_condition(ConditionType::LearnerEndpoint, learner, "Probe", "an endpoint is a learner");
         });
         if source_cluster == target_cluster {
             let (src, dst) = (self.rewriter.source_prefix(), self.rewriter.dest_prefix());
             if src.starts_with(dst) || dst.starts_with(src) {
-                self.update(|s| s.set_condition("DirectionConflict", true, "SameCluster", ""));
-                return Err(EngineError::Refused {
-                    reason: "DirectionConflict",
-                    message: "source and target are the same cluster and the ranges overlap".into(),
-                });
+                return Err(Refusal::SameClusterOverlap.into());
             }
         }
 
@@ -68,14 +65,8 @@ impl Engine {
         )
         .await?;
         if let Some(other) = reverse {
-            let message = format!(
-                "link {:?} mirrors this link's target cluster into its source range (its checkpoint is at {} in the source); \
-                 together they would echo every write forever, so nothing was written",
-                other.link_uid,
-                self.rewriter.redact(&other.namespace)
-            );
-            self.update(|s| s.set_condition("DirectionConflict", true, "ReverseLink", message.clone()));
-            return Err(EngineError::Refused { reason: "DirectionConflict", message });
+            let at = self.rewriter.redact(&other.namespace);
+            return Err(Refusal::ReverseLink { other: other.link_uid, at }.into());
         }
         let target =
             connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
@@ -124,9 +115,9 @@ pub(super) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) 
     s.source.unreachable_endpoints = source.unreachable.iter().map(|(url, _)| url.clone()).collect();
     s.target.unreachable_endpoints = target.unreachable.iter().map(|(url, _)| url.clone()).collect();
     if down.is_empty() {
-        s.set_condition("MemberUnreachable", false, "AllMembersAnswer", "");
+        s.set_condition(ConditionType::MemberUnreachable, false, "AllMembersAnswer", "");
     } else {
-        s.set_condition("MemberUnreachable", true, "ProbeFailed", down.join("; "));
+        s.set_condition(ConditionType::MemberUnreachable, true, "ProbeFailed", down.join("; "));
     }
 }
 
@@ -137,13 +128,12 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
     for m in members {
         let v = parse_version(&m.version).unwrap_or((0, 0, 0));
         if v < (3, 4, 0) {
-            return Err(EngineError::Refused {
-                reason: "VersionUnsupported",
-                message: format!(
-                    "{side} endpoint {} runs etcd {:?}; 3.4.0 or newer is required",
-                    m.endpoint, m.version
-                ),
-            });
+            return Err(Refusal::VersionUnsupported {
+                side,
+                endpoint: m.endpoint.clone(),
+                version: m.version.clone(),
+            }
+            .into());
         }
         if lowest.is_none_or(|l| v < l) {
             lowest = Some(v);
@@ -152,10 +142,7 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
     }
     let cluster = members.first().map_or(0, |m| m.cluster_id);
     if let Some(other) = members.iter().find(|m| m.cluster_id != cluster) {
-        return Err(EngineError::Refused {
-            reason: "MixedClusters",
-            message: format!("{side} endpoint {} belongs to another cluster", other.endpoint),
-        });
+        return Err(Refusal::MixedClusters { side, endpoint: other.endpoint.clone() }.into());
     }
     Ok((
         SideStatus {
@@ -171,7 +158,7 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
 
 /// Sets `SourceReachable`/`TargetReachable` from a probe, naming why it failed (wrong
 /// credentials read `AuthFailed`, so the side at fault is obvious).
-pub(super) fn reachability<T>(s: &mut Status, condition: &str, probe: &Result<T, EtcdError>) {
+pub(super) fn reachability<T>(s: &mut Status, condition: ConditionType, probe: &Result<T, EtcdError>) {
     match probe {
         Ok(_) => s.set_condition(condition, true, "Probe", ""),
         Err(e) => s.set_condition(condition, false, &format!("{:?}", e.fault), e.to_string()),

@@ -52,13 +52,8 @@ impl Run<'_> {
         let found =
             mirror_reconcile::find_foreign_link(self.target_kv.clone(), &self.engine.rewriter, page).await?;
         let Some(other) = found else { return Ok(()) };
-        let message = format!(
-            "link {:?} keeps its checkpoint inside this link's destination range (at {}); a prune or \
-             delete_orphans would delete its data, so nothing was deleted",
-            other.link_uid,
-            self.engine.rewriter.redact(&other.namespace)
-        );
-        Err(EngineError::Refused { reason: "PrefixConflict", message })
+        let at = self.engine.rewriter.redact(&other.namespace);
+        Err(Refusal::NestedLink { other: other.link_uid, at }.into())
     }
 
     /// A comparison of the source pinned at the watermark with the target as it is: while the
@@ -97,16 +92,13 @@ impl Run<'_> {
             counts = self.compare_at_watermark().await?;
         }
         if !counts.equal() {
-            let message = format!(
-                "after one repair pass the sides still differ at watermark {}: missing {}, divergent {}, orphan {}",
-                self.writer().record().watermark,
-                counts.missing,
-                counts.divergent,
-                counts.orphan
-            );
-            self.engine
-                .update(|s| s.set_condition("DrainVerificationFailed", true, "SidesDiffer", message.clone()));
-            return Err(EngineError::Refused { reason: "DrainVerificationFailed", message });
+            return Err(Refusal::DrainVerificationFailed {
+                watermark: self.writer().record().watermark,
+                missing: counts.missing,
+                divergent: counts.divergent,
+                orphan: counts.orphan,
+            }
+            .into());
         }
         let mut next = self.writer().record().clone();
         next.role = Role::Primary;
@@ -131,12 +123,12 @@ impl Run<'_> {
                 leased_keys: counts.leased_keys,
             });
             s.set_condition(
-                "CutoverReady",
+                ConditionType::CutoverReady,
                 true,
                 "Verified",
                 format!("verified at source revision {drained}"),
             );
-            s.set_condition("InvariantsHeld", true, "CountsEqual", "");
+            s.set_condition(ConditionType::InvariantsHeld, true, "CountsEqual", "");
         });
         self.engine.set_phase(Phase::Drained);
         Ok(())
@@ -222,7 +214,7 @@ impl Run<'_> {
                 duration_seconds: started.elapsed().as_secs_f64(),
             });
             s.set_condition(
-                "DriftDetected",
+                ConditionType::DriftDetected,
                 drift,
                 if drift { "Drift" } else { "NoDrift" },
                 format!(
@@ -231,7 +223,7 @@ impl Run<'_> {
                 ),
             );
             s.set_condition(
-                "InvariantsHeld",
+                ConditionType::InvariantsHeld,
                 held,
                 if held { "CountsEqual" } else { "CountsDiffer" },
                 format!(

@@ -52,7 +52,7 @@ impl Engine {
                     let reason = f.standby_reason().unwrap_or("Fenced");
                     error!(reason, "fenced: {f}; entering cold standby, no further writes");
                     if self.standby(reason, &f.to_string()).await {
-                        self.update(|s| s.set_condition("Fenced", false, "TakingOver", ""));
+                        self.update(|s| s.set_condition(ConditionType::Fenced, false, "TakingOver", ""));
                         continue;
                     }
                     return;
@@ -75,15 +75,19 @@ impl Engine {
                 ErrorClass::Permanent => {
                     error!(reason = %err.reason(), "permanent error, writes stopped: {err}");
                     self.set_phase(Phase::Failed);
-                    if let EngineError::Refused { reason, message } = &err {
-                        if is_condition(reason) {
-                            let (reason, message) = (*reason, message.clone());
-                            self.update(|s| s.set_condition(reason, true, reason, message));
+                    if let EngineError::Refused(refusal) = &err {
+                        if let Some((condition, reason)) = refusal.condition() {
+                            self.update(|s| s.set_condition(condition, true, reason, refusal.to_string()));
                         }
                     }
                     if let EngineError::Fence(FenceError::PrefixConflict { .. }) = &err {
                         self.update(|s| {
-                            s.set_condition("PrefixConflict", true, "PrefixConflict", err.to_string())
+                            s.set_condition(
+                                ConditionType::PrefixConflict,
+                                true,
+                                "PrefixConflict",
+                                err.to_string(),
+                            )
                         });
                     }
                     self.shutdown.cancelled().await;
@@ -138,10 +142,10 @@ impl Engine {
             } else {
                 s.scan_restarts += 1;
             }
-            if looping && !s.condition("ResyncLoopDetected") {
+            if looping && !s.condition(ConditionType::ResyncLoopDetected) {
                 latched_now = true;
                 s.set_condition(
-                    "ResyncLoopDetected",
+                    ConditionType::ResyncLoopDetected,
                     true,
                     reason,
                     "3 resyncs or genesis restarts in a row with no live apply between",
@@ -157,7 +161,7 @@ impl Engine {
     /// reloaded config raises our epoch above the stored one (then returns true: take over).
     pub(super) async fn standby(&mut self, reason: &str, message: &str) -> bool {
         self.set_phase(Phase::Standby);
-        self.update(|s| s.set_condition("Fenced", true, reason, message));
+        self.update(|s| s.set_condition(ConditionType::Fenced, true, reason, message));
         // Keep the fence visible in status; log only on change.
         let mut last: Option<(u64, String)> = None;
         // The target may be down just now: keep trying (defect #7 of issue 10: a failed

@@ -45,7 +45,7 @@ impl Run<'_> {
                 self.engine.update(|s| {
                     s.watermark = r.watermark;
                     s.initial_sync.completed.get_or_insert_with(now_rfc3339);
-                    s.set_condition("InitialSyncComplete", true, "Resumed", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, true, "Resumed", "");
                 });
                 let watch = self.open_watch(r.watermark + 1).await?;
                 self.tail(watch, None).await
@@ -73,7 +73,7 @@ impl Run<'_> {
                 self.engine.update(|s| {
                     s.initial_sync.completed.get_or_insert_with(now_rfc3339);
                     s.set_condition(
-                        "InitialSyncComplete",
+                        ConditionType::InitialSyncComplete,
                         true,
                         "StartRevision",
                         format!("tailing from {start}, no scan"),
@@ -106,7 +106,7 @@ impl Run<'_> {
                     s.initial_sync.started = Some(now_rfc3339());
                     s.initial_sync.completed = None;
                     s.watermark = r0;
-                    s.set_condition("InitialSyncComplete", false, "Scanning", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, false, "Scanning", "");
                 });
                 self.genesis(r0, Vec::new(), prune).await
             }
@@ -127,7 +127,7 @@ impl Run<'_> {
         let watermark = writer.record().watermark;
         self.engine.update(|s| {
             s.watermark = watermark;
-            s.set_condition("Fenced", false, "HoldingFence", "");
+            s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
         });
         self.writer = Some(writer);
         Ok(())
@@ -152,12 +152,7 @@ impl Run<'_> {
         let timeout = self.timeout();
         let (n, _) = count(&mut self.target_kv, &windows, None, Side::Target, timeout).await?;
         if n > 0 {
-            let message = format!(
-                "initial_sync.mode = require_empty but the destination range holds {n} keys; nothing was written"
-            );
-            self.engine
-                .update(|s| s.set_condition("EmptyTargetViolation", true, "TargetNotEmpty", message.clone()));
-            return Err(EngineError::Refused { reason: "EmptyTargetViolation", message });
+            return Err(Refusal::EmptyTarget { keys: n }.into());
         }
         Ok(())
     }

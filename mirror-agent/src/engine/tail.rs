@@ -200,7 +200,7 @@ impl Run<'_> {
                 info!(watermark, "initial sync complete");
                 self.engine.update(|s| {
                     s.initial_sync.completed = Some(now_rfc3339());
-                    s.set_condition("InitialSyncComplete", true, "Complete", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, true, "Complete", "");
                 });
                 self.engine.set_phase(Phase::Syncing);
             }

@@ -1,0 +1,131 @@
+//! Why the engine refuses to go on: the permanent rule breaks of SPEC §5, each carrying its
+//! facts. The status reason, the condition raised and the message all come from here.
+
+use mirror_core::{ConditionType, Side};
+
+/// A rule of the product broken: writes stop, phase `failed`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// `require_empty` and the destination range holds keys.
+    #[error(
+        "initial_sync.mode = require_empty but the destination range holds {keys} keys; nothing was written"
+    )]
+    EmptyTarget {
+        /// Keys found (reserved ones not counted).
+        keys: u64,
+    },
+    /// One source revision is over the target's request limit, even with its deletes coalesced.
+    #[error(
+        "source revision {revision} ({ops} ops, {bytes} bytes, first key {first_key}) is too large for the target \
+         ({fault}); nothing of it was applied. Raise the target's --max-request-bytes above {bytes}"
+    )]
+    RevisionTooLarge {
+        /// The source revision.
+        revision: i64,
+        /// Its ops as last tried.
+        ops: usize,
+        /// Its bytes as last tried.
+        bytes: usize,
+        /// Its first key, redacted.
+        first_key: String,
+        /// What the target said.
+        fault: String,
+    },
+    /// Another link's checkpoint lies inside this link's destination range while a prune or
+    /// orphan delete is on.
+    #[error(
+        "link {other:?} keeps its checkpoint inside this link's destination range (at {at}); a prune or \
+         delete_orphans would delete its data, so nothing was deleted"
+    )]
+    NestedLink {
+        /// Its `link_uid`.
+        other: String,
+        /// Its reserved namespace, redacted.
+        at: String,
+    },
+    /// Source and target are one cluster and the ranges overlap.
+    #[error("source and target are the same cluster and the ranges overlap")]
+    SameClusterOverlap,
+    /// Another link mirrors this link's target back into its source range.
+    #[error(
+        "link {other:?} mirrors this link's target cluster into its source range (its checkpoint is at {at} in \
+         the source); together they would echo every write forever, so nothing was written"
+    )]
+    ReverseLink {
+        /// Its `link_uid`.
+        other: String,
+        /// Its checkpoint's namespace in the source, redacted.
+        at: String,
+    },
+    /// A member runs etcd below 3.4.0.
+    #[error("{side} endpoint {endpoint} runs etcd {version:?}; 3.4.0 or newer is required")]
+    VersionUnsupported {
+        /// The side.
+        side: Side,
+        /// The endpoint.
+        endpoint: String,
+        /// What it reported.
+        version: String,
+    },
+    /// The endpoints of one side belong to different clusters.
+    #[error("{side} endpoint {endpoint} belongs to another cluster than the side's first endpoint")]
+    MixedClusters {
+        /// The side.
+        side: Side,
+        /// The odd endpoint.
+        endpoint: String,
+    },
+    /// TLS files unusable, or a handshake refused, before the link ever worked.
+    #[error("{detail}")]
+    Tls {
+        /// `TlsConfig` or `TlsRejected`.
+        reason: &'static str,
+        /// What failed, on which side.
+        detail: String,
+    },
+    /// After one repair pass the sides still differ at the drained watermark.
+    #[error(
+        "after one repair pass the sides still differ at watermark {watermark}: missing {missing}, divergent \
+         {divergent}, orphan {orphan}"
+    )]
+    DrainVerificationFailed {
+        /// The drained watermark.
+        watermark: i64,
+        /// Keys missing in the target.
+        missing: u64,
+        /// Keys with other values.
+        divergent: u64,
+        /// Keys only in the target.
+        orphan: u64,
+    },
+}
+
+impl Refusal {
+    /// The `last_error.reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::EmptyTarget { .. } => "EmptyTargetViolation",
+            Refusal::RevisionTooLarge { .. } => "RevisionTooLarge",
+            Refusal::NestedLink { .. } => "PrefixConflict",
+            Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => "DirectionConflict",
+            Refusal::VersionUnsupported { .. } => "VersionUnsupported",
+            Refusal::MixedClusters { .. } => "MixedClusters",
+            Refusal::Tls { reason, .. } => reason,
+            Refusal::DrainVerificationFailed { .. } => "DrainVerificationFailed",
+        }
+    }
+
+    /// The condition this refusal raises (with the refusal's message), if any, and its reason.
+    pub fn condition(&self) -> Option<(ConditionType, &'static str)> {
+        match self {
+            Refusal::EmptyTarget { .. } => Some((ConditionType::EmptyTargetViolation, "TargetNotEmpty")),
+            Refusal::NestedLink { .. } => Some((ConditionType::PrefixConflict, "NestedLink")),
+            Refusal::SameClusterOverlap => Some((ConditionType::DirectionConflict, "SameCluster")),
+            Refusal::ReverseLink { .. } => Some((ConditionType::DirectionConflict, "ReverseLink")),
+            Refusal::DrainVerificationFailed { .. } => {
+                Some((ConditionType::DrainVerificationFailed, "SidesDiffer"))
+            }
+            _ => None,
+        }
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use mirror_core::{Phase, Status};
+use mirror_core::{ConditionType, Phase, Status};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -95,7 +95,7 @@ fn labelled_gauges(
 impl Collector for StatusCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s: Status = self.status.read().expect("status lock").clone();
-        let flag = |c: &str| i64::from(s.condition(c));
+        let flag = |c: ConditionType| i64::from(s.condition(c));
         gauge(&mut e, "watermark", "Source revision the target reflects", s.watermark)?;
         gauge(&mut e, "source_revision", "Latest source revision seen", s.source_revision)?;
         gauge(&mut e, "lag_revisions", "source_revision - watermark", s.lag_revisions)?;
@@ -130,16 +130,26 @@ impl Collector for StatusCollector {
                 ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
             }
         }
-        gauge(&mut e, "target_throttled", "1 while the target throttles writes", flag("TargetThrottled"))?;
+        gauge(
+            &mut e,
+            "target_throttled",
+            "1 while the target throttles writes",
+            flag(ConditionType::TargetThrottled),
+        )?;
         gauge(
             &mut e,
             "target_quota_exhausted",
             "1 while the target is out of space",
-            flag("TargetQuotaExhausted"),
+            flag(ConditionType::TargetQuotaExhausted),
         )?;
-        gauge(&mut e, "fenced", "1 while another writer holds the fence", flag("Fenced"))?;
-        gauge(&mut e, "cutover_ready", "1 once drained, verified and promoted", flag("CutoverReady"))?;
-        gauge(&mut e, "initial_sync_complete", "1 once G3 holds", flag("InitialSyncComplete"))?;
+        gauge(&mut e, "fenced", "1 while another writer holds the fence", flag(ConditionType::Fenced))?;
+        gauge(
+            &mut e,
+            "cutover_ready",
+            "1 once drained, verified and promoted",
+            flag(ConditionType::CutoverReady),
+        )?;
+        gauge(&mut e, "initial_sync_complete", "1 once G3 holds", flag(ConditionType::InitialSyncComplete))?;
         gauge(
             &mut e,
             "seconds_since_progress",
@@ -150,13 +160,13 @@ impl Collector for StatusCollector {
             &mut e,
             "replication_lag_exceeded",
             "1 while the lag or the time without progress is over sync.max_lag",
-            flag("ReplicationLagExceeded"),
+            flag(ConditionType::ReplicationLagExceeded),
         )?;
         gauge(
             &mut e,
             "resync_loop_detected",
             "1 while forced resyncs or genesis restarts repeat with no live apply",
-            flag("ResyncLoopDetected"),
+            flag(ConditionType::ResyncLoopDetected),
         )?;
         let current = s.last_error.as_ref().map(|e| e.class.as_str());
         let classes: Vec<(String, i64)> = ["transient", "throttle", "quota", "resync", "permanent"]

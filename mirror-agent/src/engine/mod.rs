@@ -19,7 +19,9 @@
 //! ## Where each phase lives
 //! - `run_loop`: the outer loop (reconnect, backoff, fresh genesis, failed, cold standby).
 //! - `probe`: connecting both sides, member probes, version, cluster and direction checks.
-//! - `start`: reading the checkpoint and choosing tail, scan resume or fresh genesis; the claim.
+//! - `plan`: the pure start planner (stored checkpoint, pending cause, clusters, range, mode ->
+//!   what to do first), unit-tested branch by branch.
+//! - `start`: carrying the plan out; the fence claim.
 //! - `genesis`: the buffered watch and the pipelined scan.
 //! - `tail`: watch responses, progress, timers (fence, members, TLS files, reconcile).
 //! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
@@ -69,8 +71,8 @@ use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchRespons
 use futures::StreamExt as _;
 use mirror_core::{
     connect, connect_to, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary,
-    Config, ErrorClass, EtcdError, Fault, InitialSyncMode, KeyRewriter, LastError, Mode, Phase, Probe, Side,
-    SideStatus, Status, TrustProgressNotify,
+    Config, ErrorClass, EtcdError, Fault, KeyRewriter, LastError, Mode, Phase, Probe, Side, SideStatus,
+    Status, TrustProgressNotify,
 };
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
 use mirror_scan::{count, Scanner};
@@ -86,6 +88,7 @@ use mirror_core::{Action, ConditionType, RetryPolicy};
 
 mod apply;
 mod genesis;
+mod plan;
 mod probe;
 mod refusal;
 mod repair;

@@ -1,6 +1,7 @@
 //! What a connected run does first: read the checkpoint and decide between tailing, resuming a
 //! scan, and a fresh genesis; claim the fence.
 
+use super::plan::{plan_start, StartFacts, StartPlan};
 use super::*;
 
 impl Run<'_> {
@@ -13,57 +14,44 @@ impl Run<'_> {
             Observed::Present { record, .. } => Some(record.clone()),
             Observed::Absent => None,
         };
-        let clusters_changed = stored.as_ref().is_some_and(|r| {
-            r.source_cluster_id != self.source_cluster || r.target_cluster_id != self.target_cluster
-        });
-        if clusters_changed {
-            warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
-        }
-        // The range this record describes. A different one (say `exclude_prefixes` changed)
-        // means keys now in scope were never copied and keys now out of scope are stale: the
-        // watermark says nothing about either, so only a full genesis with prune is right
-        // (re-scanning just the difference would need the old range, which the record does
-        // not keep). Records written before the range was recorded are taken as unchanged.
         let ours = self.engine.rewriter.range_fingerprint();
-        let range_changed =
-            !clusters_changed && stored.as_ref().is_some_and(|r| !r.range.is_empty() && r.range != ours);
-        let pending = if range_changed && pending == Pending::Resume {
-            warn!("the mirrored range changed since the checkpoint was written; forced resync with prune");
-            self.engine.note_resync("RangeChanged", true);
-            Pending::FreshGenesis
-        } else {
-            pending
+        let plan = plan_start(&StartFacts {
+            stored: stored.as_ref(),
+            pending,
+            source_cluster: self.source_cluster,
+            target_cluster: self.target_cluster,
+            range: &ours,
+            mode: self.cfg().initial_sync.mode,
+            start_revision: self.cfg().initial_sync.start_revision,
+        });
+        // Carrying on with a stored record under this agent's epoch, id and range.
+        let resumed = |run: &Self, r: &Checkpoint| {
+            let mut next = r.clone();
+            next.epoch = run.cfg().epoch as u64;
+            next.agent_id = run.engine.agent_id.clone();
+            next.range = ours.clone();
+            next
         };
-        match stored {
-            Some(r) if pending == Pending::Resume && !clusters_changed && !r.scanning => {
-                // Tail from the watermark.
-                let mut next = r.clone();
-                next.epoch = self.cfg().epoch as u64;
-                next.agent_id = self.engine.agent_id.clone();
-                next.range = ours;
+        match (plan, stored) {
+            (StartPlan::Tail { watermark }, Some(r)) => {
+                let next = resumed(self, &r);
                 self.claim(observed, next).await?;
                 self.engine.update(|s| {
-                    s.watermark = r.watermark;
+                    s.watermark = watermark;
                     s.initial_sync.completed.get_or_insert_with(now_rfc3339);
                     s.set_condition(ConditionType::InitialSyncComplete, true, "Resumed", "");
                 });
-                let watch = self.open_watch(r.watermark + 1).await?;
+                let watch = self.open_watch(watermark + 1).await?;
                 self.tail(watch, None).await
             }
-            Some(r) if pending == Pending::Resume && !clusters_changed => {
-                // Resume a scan in progress.
-                let mut next = r.clone();
-                next.epoch = self.cfg().epoch as u64;
-                next.agent_id = self.engine.agent_id.clone();
-                next.range = ours;
+            (StartPlan::ResumeScan, Some(r)) => {
+                let next = resumed(self, &r);
                 self.claim(observed, next).await?;
                 self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
             }
-            None if pending == Pending::Resume && self.cfg().initial_sync.start_revision > 0 => {
+            (StartPlan::TailFromStartRevision { start }, _) => {
                 // The operator says the target already holds the source's state just before
                 // `start_revision` (restored from a snapshot, say): tail from it, scan nothing.
-                // Only for a link's very first start; a later forced resync scans in full.
-                let start = self.cfg().initial_sync.start_revision;
                 warn!(
                     start,
                     "initial_sync.start_revision: tailing from it with no scan; the target must already hold the source's state at {}",
@@ -82,12 +70,17 @@ impl Run<'_> {
                 let watch = self.open_watch(start).await?;
                 self.tail(watch, None).await
             }
-            stored => {
-                let first_ever = stored.is_none() || clusters_changed;
-                if first_ever && self.cfg().initial_sync.mode == InitialSyncMode::RequireEmpty {
+            (StartPlan::FreshGenesis { require_empty, prune, forced }, stored) => {
+                if let Some(reason) = forced {
+                    warn!(reason, "the mirrored range changed since the checkpoint was written; forced resync with prune");
+                    self.engine.note_resync(reason, true);
+                }
+                if stored.is_some() && require_empty {
+                    warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
+                }
+                if require_empty {
                     self.require_empty().await?;
                 }
-                let prune = !first_ever || self.cfg().initial_sync.mode == InitialSyncMode::OverwriteAndPrune;
                 let (total, r0) = count(
                     &mut self.source.kv_client(),
                     &self.engine.rewriter.scan_windows(),
@@ -109,6 +102,9 @@ impl Run<'_> {
                     s.set_condition(ConditionType::InitialSyncComplete, false, "Scanning", "");
                 });
                 self.genesis(r0, Vec::new(), prune).await
+            }
+            (StartPlan::Tail { .. } | StartPlan::ResumeScan, None) => {
+                unreachable!("resume plans need a record")
             }
         }
     }

@@ -113,3 +113,31 @@ async fn cutover_with_moving_source_exits_non_zero() {
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("kept changing"), "{stderr}");
 }
+
+/// Writers that only *delete* after the drain are seen too: the check compares the source at
+/// the drained revision with the source now, so deletes count (defect #12 of issue 10: a
+/// min_mod_revision Get against the drain target could not see them).
+#[tokio::test]
+async fn cutover_sees_deletes_after_the_drain() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/dl/", 600, 16).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "deletes", "/dl/");
+    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
+    daemon.wait_for("synced", SYNC_TIMEOUT, |s| s.condition("InitialSyncComplete")).await.unwrap();
+    daemon.terminate().await.unwrap();
+    let deleter = {
+        let mut c = src.clone();
+        tokio::spawn(async move {
+            for i in 0..500 {
+                c.delete(format!("/dl/key-{i:08}"), None).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    deleter.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("kept changing") && stderr.contains("deleted"), "{stderr}");
+}

@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use etcd_client::GetOptions;
 use mirror_core::{connect_reachable, Config, Mode, Phase, Side, Status};
 use mirror_fence::{read_checkpoint, Observed, Role};
 use tokio_util::sync::CancellationToken;
@@ -80,13 +79,17 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
         serde_json::to_string_pretty(&serde_json::json!({ "cutover": block })).unwrap_or_default()
     );
 
-    match changed_after(&config, block.drain_target_revision).await {
-        Ok((0, _)) => ExitCode::SUCCESS,
-        Ok((keys, now)) => {
+    match changed_after(&config, block.drained_revision).await {
+        Ok(moved) if moved.total() == 0 => ExitCode::SUCCESS,
+        Ok(moved) => {
             eprintln!(
-                "mirror-agent cutover: the source kept changing: {keys} keys in range were written after the drain target revision {} (source now at {now}, {} revisions later); stop the writers first{}",
-                block.drain_target_revision,
-                now - block.drain_target_revision,
+                "mirror-agent cutover: the source kept changing after the drained revision {}: {} keys in range \
+                 were written and {} deleted by revision {} ({} revisions later); stop the writers first{}",
+                block.drained_revision,
+                moved.written,
+                moved.deleted,
+                moved.now,
+                moved.now - block.drained_revision,
                 if allow_moving_source { " (allowed by --allow-moving-source)" } else { "" }
             );
             if allow_moving_source {
@@ -104,19 +107,73 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     }
 }
 
-/// In-scope source keys modified after `revision`, and the source's current revision.
-async fn changed_after(config: &Config, revision: i64) -> anyhow::Result<(i64, i64)> {
-    let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
-    let mut kv = source.kv_client();
-    let mut keys = 0;
-    let mut now = 0;
-    for w in config.rewriter().scan_windows() {
-        // etcd's count ignores mod-revision filters, so count the (key-only) survivors instead;
-        // only keys written after the drain target come back.
-        let opts = GetOptions::new().with_range(w.end).with_keys_only().with_min_mod_revision(revision + 1);
-        let resp = kv.get(w.start, Some(opts)).await?;
-        keys += resp.kvs().len() as i64;
-        now = now.max(resp.header().map_or(0, |h| h.revision()));
+/// What changed in the source range after the drained revision.
+struct Moved {
+    /// Keys put (created or overwritten) after it and still present.
+    written: u64,
+    /// Keys present at it and gone now.
+    deleted: u64,
+    /// The source revision compared against.
+    now: i64,
+}
+
+impl Moved {
+    fn total(&self) -> u64 {
+        self.written + self.deleted
     }
-    Ok((keys, now))
+}
+
+/// Merge-joins the source range pinned at `drained` with the same range pinned at the current
+/// revision, keys only, paged ([`mirror_reconcile::RangeReader`]): a key only in the later read
+/// or with a later mod revision was written, a key only in the earlier one was deleted. (A
+/// min_mod_revision Get could not see deletes, and answered in one unpaged response.)
+async fn changed_after(config: &Config, drained: i64) -> anyhow::Result<Moved> {
+    let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
+    let timeout = config.sync.request_timeout.get();
+    let windows = config.rewriter().scan_windows();
+    let (_, now) = mirror_scan::count(&mut source.kv_client(), &windows, None, Side::Source, timeout).await?;
+    let page = |at: i64| {
+        mirror_core::PagerOptions::new(
+            "cutover history page",
+            config.sync.page_key_limit,
+            config.sync.page_bytes.bytes() as usize,
+            timeout,
+        )
+        .at_revision(at)
+        .keys_only()
+    };
+    let reader = |at: i64| {
+        mirror_reconcile::RangeReader::new(source.kv_client(), Side::Source, windows.clone(), page(at))
+    };
+    let (mut before, mut after) = (reader(drained), reader(now));
+    let mut moved = Moved { written: 0, deleted: 0, now };
+    let (mut b, mut a) = (before.next().await?, after.next().await?);
+    loop {
+        match (&b, &a) {
+            (None, None) => return Ok(moved),
+            (Some(_), None) => {
+                moved.deleted += 1;
+                b = before.next().await?;
+            }
+            (None, Some(_)) => {
+                moved.written += 1;
+                a = after.next().await?;
+            }
+            (Some(x), Some(y)) => match x.key().cmp(y.key()) {
+                std::cmp::Ordering::Less => {
+                    moved.deleted += 1;
+                    b = before.next().await?;
+                }
+                std::cmp::Ordering::Greater => {
+                    moved.written += 1;
+                    a = after.next().await?;
+                }
+                std::cmp::Ordering::Equal => {
+                    moved.written += u64::from(y.mod_revision() > drained);
+                    b = before.next().await?;
+                    a = after.next().await?;
+                }
+            },
+        }
+    }
 }

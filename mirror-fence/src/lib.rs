@@ -18,14 +18,19 @@
 //!   ([`nest`]), so any revision whose bytes fit the target's request limit lands atomically,
 //!   with its checkpoint, in one target revision (G2).
 //!
+//! - [`FenceObserver`] sequences reads of the checkpoint so a stale answer never takes the
+//!   view backwards, and shares the first read among concurrent callers.
+//!
 //! ## What it deliberately does not do
 //! It does not decide what to do about a lost fence (standby, fail): it names the outcome with
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
 mod checkpoint;
 mod nest;
+mod observer;
 mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use nest::{nest, plan, Slot, TooManyOps};
-pub use writer::{may_claim, read_checkpoint, FenceError, FencedWriter, Observed};
+pub use observer::FenceObserver;
+pub use writer::{may_claim, read_checkpoint, DataWriter, FenceError, FencedWriter, Observed};

@@ -355,12 +355,17 @@ impl FencedWriter {
         }
     }
 
-    /// A data-only Txn guarded by the fence compare, usable concurrently with others of its
-    /// kind (they all compare the same mod revision, so they do not conflict with each other).
-    pub fn data_txn(&self, ops: Vec<TxnOp>) -> Result<Txn, FenceError> {
-        Ok(Txn::new()
-            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
-            .and_then(self.lay_out(ops, 0)?))
+    /// A handle for data-only Txns guarded by the fence compare, usable concurrently with
+    /// others of its kind (they all compare the same mod revision, so they do not conflict with
+    /// each other). It never moves the checkpoint: a takeover makes every one of them fail.
+    pub fn data_writer(&self) -> DataWriter {
+        DataWriter {
+            kv: self.kv.clone(),
+            key: self.key.clone(),
+            mod_revision: self.mod_revision,
+            max_txn_ops: self.max_txn_ops,
+            timeout: self.timeout,
+        }
     }
 
     /// `ops` as the top level of one Txn, nested where they exceed `max_txn_ops`.
@@ -403,5 +408,30 @@ impl FencedWriter {
             ours: self.record.epoch,
             agent: stored.agent_id,
         })
+    }
+}
+
+/// Data-only Txns under the fence compare of one [`FencedWriter`] state (see
+/// [`FencedWriter::data_writer`]).
+#[derive(Clone)]
+pub struct DataWriter {
+    kv: KvClient,
+    key: Vec<u8>,
+    mod_revision: i64,
+    max_txn_ops: usize,
+    timeout: Duration,
+}
+
+impl DataWriter {
+    /// Sends `ops` as one fenced Txn; true when it landed. Anything else (a failed compare, an
+    /// error) is false: the caller redoes the ops through [`FencedWriter::commit`], which judges
+    /// what happened.
+    pub async fn commit(&self, ops: Vec<TxnOp>) -> bool {
+        let Ok(ops) = crate::nest::nest(ops, self.max_txn_ops, 0) else { return false };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
+            .and_then(ops);
+        let mut kv = self.kv.clone();
+        unary("fenced data txn", Side::Target, self.timeout, kv.txn(txn)).await.is_ok_and(|r| r.succeeded())
     }
 }

@@ -22,6 +22,8 @@
 //!   the keys), pages bounded by keys and bytes, and an answer too large for the client halves
 //!   the page instead of failing the pass.
 //!
+//! - **Sweep.** [`Sweep`] yields the orphans a prune must delete, never another link's keys.
+//!
 //! ## What it deliberately does not do
 //! It never writes: repairs are returned as [`Difference`]s for the agent to commit through its
 //! fenced writer, paced as configured.
@@ -253,6 +255,31 @@ impl Differ {
                 },
             }
         }
+    }
+}
+
+/// The mark-and-sweep of a prune: target keys (this link's, outside its reserved namespace and
+/// any other link's) whose source key does not exist now. A keys-only merge-join of both sides
+/// through [`Differ`], so at most two pages are in memory; the source is read through the scan
+/// windows, so excluded ranges are never fetched. It finds; the agent deletes under its fence.
+pub struct Sweep {
+    differ: Differ,
+}
+
+impl Sweep {
+    /// A sweep of the destination range of `rewriter` against the source as it is now.
+    pub fn new(rewriter: KeyRewriter, source: KvClient, target: KvClient, page: PagerOptions) -> Sweep {
+        Sweep { differ: Differ::new(rewriter, source, target, page.keys_only()) }
+    }
+
+    /// The next orphan's target key, or `None` when the range is done.
+    pub async fn next_orphan(&mut self) -> Result<Option<Vec<u8>>, EtcdError> {
+        while let Some(diff) = self.differ.next_difference().await? {
+            if let Difference::Orphan { key, .. } = diff {
+                return Ok(Some(key));
+            }
+        }
+        Ok(None)
     }
 }
 

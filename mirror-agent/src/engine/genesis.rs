@@ -142,17 +142,11 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         let Some(last) = cycle.pop() else { return Ok(()) };
         let keys = cycle.iter().map(Vec::len).sum::<usize>() + last.len();
-        let timeout = self.timeout();
+        let data = self.writer().data_writer();
         let in_flight = cycle.into_iter().map(|chunk| {
-            let txn = self.writer().data_txn(chunk.iter().map(Op::to_txn_op).collect());
-            let mut kv = self.target_kv.clone();
+            let data = data.clone();
             async move {
-                let landed = match txn {
-                    Ok(txn) => unary("scan txn", Side::Target, timeout, kv.txn(txn))
-                        .await
-                        .is_ok_and(|r| r.succeeded()),
-                    Err(_) => false,
-                };
+                let landed = data.commit(chunk.iter().map(Op::to_txn_op).collect()).await;
                 (chunk, landed)
             }
         });

@@ -5,29 +5,27 @@ use super::*;
 impl Run<'_> {
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
     /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
-    /// current state is safe. A keys-only merge-join of both sides ([`mirror_reconcile::Differ`]),
+    /// current state is safe. The orphans come from [`mirror_reconcile::Sweep`] (a keys-only merge-join),
     /// so at most two pages are in memory; another link's keys are never candidates, and another
     /// link found inside the destination range stops the sweep before anything is deleted.
     pub(super) async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
         self.refuse_foreign_links().await?;
         let mut chunker = self.chunker();
-        let page = self.page_options("sweep page").keys_only();
-        let mut differ = mirror_reconcile::Differ::new(
+        let mut sweep = mirror_reconcile::Sweep::new(
             self.engine.rewriter.clone(),
             self.source.kv_client(),
             self.target_kv.clone(),
-            page,
+            self.page_options("sweep page"),
         );
         let mut deleted = 0u64;
         info!("prune sweep started");
         loop {
             self.engine.stop_if_shutting_down()?;
-            let diff = differ.next_difference().await?;
-            let done = diff.is_none();
-            let full = match diff {
-                Some(mirror_reconcile::Difference::Orphan { key, .. }) => chunker.push(Op::Delete { key }),
-                _ if done => chunker.take(),
-                _ => None,
+            let orphan = sweep.next_orphan().await?;
+            let done = orphan.is_none();
+            let full = match orphan {
+                Some(key) => chunker.push(Op::Delete { key }),
+                None => chunker.take(),
             };
             if let Some(batch) = full {
                 let mut next = self.writer().record().clone();

@@ -182,13 +182,16 @@ impl Engine {
                 }
             }
         };
-        let mut kv = client.kv_client();
-        let key = self.cfg.checkpoint_key();
+        let (kv, key, timeout) =
+            (client.kv_client(), self.cfg.checkpoint_key(), self.cfg.sync.request_timeout.get());
+        // Sequenced reads: a slow answer never takes the reported holder backwards.
+        let fence = mirror_fence::FenceObserver::new(move || {
+            let (mut kv, key) = (kv.clone(), key.clone());
+            async move { read_checkpoint(&mut kv, &key, timeout).await }
+        });
         loop {
             self.take_reload();
-            if let Ok(Observed::Present { record, .. }) =
-                read_checkpoint(&mut kv, &key, self.cfg.sync.request_timeout.get()).await
-            {
+            if let Ok(Some(Observed::Present { record, .. })) = fence.observe().await {
                 if record.role == Role::Mirror && self.cfg.epoch as u64 > record.epoch {
                     info!(
                         ours = self.cfg.epoch,

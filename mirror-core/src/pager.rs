@@ -208,3 +208,7 @@ impl Pager {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "pager_tests.rs"]
+mod tests;

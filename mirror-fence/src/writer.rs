@@ -435,3 +435,53 @@ impl DataWriter {
         unary("fenced data txn", Side::Target, self.timeout, kv.txn(txn)).await.is_ok_and(|r| r.succeeded())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commit ids never repeat within a process and carry the process's nonce, so two processes
+    /// (two pods with the same host name and pid) never write identical records.
+    #[test]
+    fn commit_ids_are_unique() {
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| next_commit_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        let nonces: std::collections::HashSet<&str> =
+            ids.iter().map(|id| id.split('-').next().unwrap()).collect();
+        assert_eq!(nonces.len(), 1, "one nonce per process");
+    }
+
+    /// may_claim: another link, a promoted target and a newer epoch refuse; older or equal
+    /// epochs of our link may be taken over.
+    #[test]
+    fn claim_rules() {
+        let record = |link: &str, epoch: u64, role: Role| Checkpoint {
+            link_uid: link.into(),
+            epoch,
+            role,
+            watermark: 1,
+            scanning: false,
+            scan_cursor: Vec::new(),
+            prune_pending: false,
+            source_cluster_id: 1,
+            target_cluster_id: 2,
+            agent_id: "a".into(),
+            commit: String::new(),
+            range: String::new(),
+        };
+        let stored = |r: Checkpoint| Observed::Present { record: r, mod_revision: 5, create_revision: 2 };
+        let ours = record("l", 2, Role::Mirror);
+        assert!(may_claim(&Observed::Absent, &ours).is_ok());
+        assert!(may_claim(&stored(record("l", 1, Role::Mirror)), &ours).is_ok());
+        assert!(may_claim(&stored(record("l", 2, Role::Mirror)), &ours).is_ok());
+        assert!(matches!(
+            may_claim(&stored(record("l", 3, Role::Mirror)), &ours),
+            Err(FenceError::FencedByNewerEpoch { stored: 3, ours: 2 })
+        ));
+        assert!(matches!(may_claim(&stored(record("l", 1, Role::Primary)), &ours), Err(FenceError::CutOver)));
+        assert!(matches!(
+            may_claim(&stored(record("other", 1, Role::Mirror)), &ours),
+            Err(FenceError::PrefixConflict { .. })
+        ));
+    }
+}

@@ -219,42 +219,65 @@ impl Differ {
             self.t = self.next_target().await?;
         }
         loop {
-            match (self.s.take(), self.t.take()) {
-                (None, None) => return Ok(None),
-                (Some(s), None) => {
+            let step = merge_step(self.s.as_ref(), self.t.as_ref());
+            let (s, t) = (self.s.take(), self.t.take());
+            match step {
+                Step::Done => return Ok(None),
+                Step::Missing => {
+                    self.t = t;
                     self.s = self.next_source().await?;
                     self.counts.missing += 1;
-                    return Ok(Some(Difference::Missing(s)));
+                    return Ok(s.map(Difference::Missing));
                 }
-                (None, Some(t)) => {
+                Step::Orphan => {
+                    self.s = s;
                     self.t = self.next_target().await?;
                     self.counts.orphan += 1;
-                    return Ok(Some(Difference::Orphan { key: t.key, mod_revision: t.mod_revision }));
+                    return Ok(t.map(|t| Difference::Orphan { key: t.key, mod_revision: t.mod_revision }));
                 }
-                (Some(s), Some(t)) => match s.key.cmp(&t.key) {
-                    std::cmp::Ordering::Less => {
-                        self.t = Some(t);
-                        self.s = self.next_source().await?;
-                        self.counts.missing += 1;
-                        return Ok(Some(Difference::Missing(s)));
-                    }
-                    std::cmp::Ordering::Greater => {
-                        self.s = Some(s);
-                        self.t = self.next_target().await?;
-                        self.counts.orphan += 1;
-                        return Ok(Some(Difference::Orphan { key: t.key, mod_revision: t.mod_revision }));
-                    }
-                    std::cmp::Ordering::Equal => {
-                        self.s = self.next_source().await?;
-                        self.t = self.next_target().await?;
-                        if s.value != t.value {
-                            self.counts.divergent += 1;
-                            return Ok(Some(Difference::Divergent(s)));
-                        }
-                    }
-                },
+                Step::Same => {
+                    self.s = self.next_source().await?;
+                    self.t = self.next_target().await?;
+                }
+                Step::Divergent => {
+                    self.s = self.next_source().await?;
+                    self.t = self.next_target().await?;
+                    self.counts.divergent += 1;
+                    return Ok(s.map(Difference::Divergent));
+                }
             }
         }
+    }
+}
+
+/// What one step of the merge-join does with the current heads of both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Both sides are exhausted.
+    Done,
+    /// The source head is not in the target: report it, advance the source.
+    Missing,
+    /// The target head is not in the source: report it, advance the target.
+    Orphan,
+    /// Same key, same value: advance both.
+    Same,
+    /// Same key, other value: report the source's, advance both.
+    Divergent,
+}
+
+/// The merge-join's decision: both streams are in key order (the rewrite preserves order), so
+/// the smaller head is the one the other side lacks.
+fn merge_step(s: Option<&Entry>, t: Option<&Entry>) -> Step {
+    match (s, t) {
+        (None, None) => Step::Done,
+        (Some(_), None) => Step::Missing,
+        (None, Some(_)) => Step::Orphan,
+        (Some(s), Some(t)) => match s.key.cmp(&t.key) {
+            std::cmp::Ordering::Less => Step::Missing,
+            std::cmp::Ordering::Greater => Step::Orphan,
+            std::cmp::Ordering::Equal if s.value == t.value => Step::Same,
+            std::cmp::Ordering::Equal => Step::Divergent,
+        },
     }
 }
 
@@ -392,3 +415,7 @@ async fn read_points(
         })
         .collect())
 }
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

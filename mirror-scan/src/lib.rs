@@ -108,3 +108,35 @@ impl Scanner {
         Ok(Some(Page { kvs, bytes }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lazy_kv() -> KvClient {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
+        etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None)
+            .await
+            .expect("a lazy channel needs no server")
+            .kv_client()
+    }
+
+    /// A scan starts with a small page (large values never make the first answer huge), never
+    /// above `page_key_limit`, and a resumed scan keeps those limits.
+    #[tokio::test]
+    async fn scans_start_small_and_resume_with_the_same_limits() {
+        let rewriter = KeyRewriter::new(b"/a/", b"/b/", []);
+        let timeout = Duration::from_secs(1);
+        let scanner = Scanner::new(lazy_kv().await, &rewriter, 512, 1 << 20, timeout);
+        assert_eq!(scanner.page_limit(), mirror_core::START_LIMIT);
+        let scanner = Scanner::new(lazy_kv().await, &rewriter, 8, 1 << 20, timeout).resume_after(b"/a/k");
+        assert_eq!(scanner.page_limit(), 8);
+    }
+
+    /// The cursor of a page is its last key.
+    #[test]
+    fn the_cursor_is_the_last_key() {
+        let page = Page { kvs: Vec::new(), bytes: 0 };
+        assert_eq!(page.last_key(), None);
+    }
+}

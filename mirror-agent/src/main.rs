@@ -1,10 +1,13 @@
 //! `mirror-agent`: the etcd-mirror daemon and its command line (SPEC §4).
 //!
-//! - `run` drives the engine (`engine.rs`: connect → initial_sync → syncing, with degraded,
-//!   standby, drained and failed; the argument for each guarantee is in that module's doc) and
-//!   serves `/statusz`, `/metrics`, `/healthz`, `/readyz` (`http.rs`, `metrics.rs`). SIGTERM and
-//!   SIGINT stop it cleanly (exit 0); SIGHUP reloads the config; a config error exits 2; an engine
-//!   error never exits, it parks the engine in `failed` or `standby`.
+//! - `run` drives the engine (`engine/`: connect → initial_sync → syncing, with degraded,
+//!   standby, drained and failed; one file per phase, listed in `engine/mod.rs`, whose doc
+//!   carries the argument for each guarantee) and serves `/statusz`, `/metrics`, `/healthz`,
+//!   `/readyz` (`http.rs`, `metrics.rs`); the engine reports through `reporter.rs`, the one
+//!   writer of status and histograms, and a watchdog refreshes lag and staleness every second
+//!   independently of the engine. SIGTERM and SIGINT stop it within a step in any phase (exit
+//!   0); SIGHUP reloads the config; a config error exits 2; an engine error never exits, it
+//!   parks the engine in `failed` or `standby`.
 //! - `check-config`, `status`, `verify` (`verify.rs`, read-only) and `cutover` (`cutover.rs`)
 //!   are one-shot commands for operators and scripts.
 //!

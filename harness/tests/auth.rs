@@ -78,3 +78,52 @@ async fn wrong_password_is_permanent_and_names_the_side() {
     assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "AuthFailed"));
     assert!(!agent.log().contains("not-the-password"), "the password must never be logged");
 }
+
+/// A standby whose first connect fails (here: the target's password file is unreadable at
+/// that moment) keeps retrying instead of parking until shutdown, so a raised epoch still
+/// takes over once the file is back (defect #7 of issue 10: the engine task ended there).
+#[tokio::test]
+async fn a_standby_whose_connect_fails_still_takes_over() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    let mut root = enable_auth(&target, "/sb/", true).await;
+    load_keys(&mut src, "/sb/", 50, 8).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("target-pass");
+    std::fs::write(&pw, "mirror-pw\n").unwrap();
+    let cfg = scenario::fast_config(&source, &target, "standby-retry", "/sb/").with(&format!(
+        "[target.auth]\nusername = \"mirror\"\npassword_file = {:?}",
+        pw.display().to_string()
+    ));
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+
+    // The password file goes away (a Secret being rotated), then a newer epoch takes the fence.
+    std::fs::remove_file(&pw).unwrap();
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    let stored = root.get(key.clone(), None).await.unwrap();
+    let mut record = mirror_fence::Checkpoint::decode(stored.kvs()[0].value()).unwrap();
+    record.epoch = 2;
+    record.agent_id = "someone-else".into();
+    // Written as a record of the first v1 shape (without `commit` and `range`), which every
+    // agent reads.
+    let mut json: serde_json::Value = serde_json::from_slice(&record.encode()).unwrap();
+    json.as_object_mut().unwrap().retain(|k, _| k != "commit" && k != "range");
+    root.put(key, serde_json::to_vec(&json).unwrap(), None).await.unwrap();
+    agent.wait_for("standby", Duration::from_secs(30), |s| s.phase == Phase::Standby).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The file is back and the operator raises our epoch above the stored one.
+    std::fs::write(&pw, "mirror-pw\n").unwrap();
+    agent.reload(cfg.clone().epoch(3)).unwrap();
+    let status = agent
+        .wait_for("took over with epoch 3", Duration::from_secs(60), |s| {
+            s.phase == Phase::Syncing && s.epoch == 3
+        })
+        .await
+        .unwrap();
+    assert!(!status.condition("Fenced"));
+    src.put("/sb/after", "1", None).await.unwrap();
+    scenario::caught_up(&agent, &mut src).await.unwrap();
+}

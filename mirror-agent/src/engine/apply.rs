@@ -98,7 +98,7 @@ impl Run<'_> {
         let n = ops.len() as u64;
         // Only a live tail apply ends a resync loop: replays inside a resync are part of it
         // (defect #5 of issue 10: the condition flapped during a livelock).
-        let live = scan_end.is_none() && n > 0;
+        let live = ends_resync_loop(scan_end.is_some(), n);
         if live {
             self.engine.resyncs_in_a_row = 0;
             self.engine.made_progress(Progress::Live);
@@ -282,5 +282,26 @@ impl Run<'_> {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// Whether an applied batch ends a resync loop: only a live tail apply with data does. Replays
+/// inside a genesis are part of the loop (a resync that replays and then resyncs again is still
+/// a livelock), so they must not clear `ResyncLoopDetected`.
+fn ends_resync_loop(in_genesis: bool, ops: u64) -> bool {
+    !in_genesis && ops > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ends_resync_loop;
+
+    /// Defect #5 of issue 10: the latch was cleared by any apply with data, including the
+    /// replay of a genesis inside the loop, so it flapped during a livelock.
+    #[test]
+    fn only_a_live_apply_ends_a_resync_loop() {
+        assert!(!ends_resync_loop(true, 10), "a replay inside a genesis is part of the loop");
+        assert!(!ends_resync_loop(false, 0), "a progress-only commit is no evidence");
+        assert!(ends_resync_loop(false, 1));
     }
 }

@@ -23,6 +23,8 @@ pub struct Metrics {
     pub apply_latency: Histogram,
     /// Data ops per successful fenced Txn.
     pub batch_size: Histogram,
+    /// Whole source revisions per tail Txn (group commit: above 1 under load).
+    pub batch_revisions: Histogram,
 }
 
 /// The registry served at `/metrics` and the handle the engine observes into.
@@ -31,6 +33,7 @@ pub fn registry(status: StatusHandle) -> (Registry, Arc<Metrics>) {
     let metrics = Arc::new(Metrics {
         apply_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
         batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+        batch_revisions: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
     });
     registry.register(
         "apply_latency_seconds",
@@ -38,6 +41,11 @@ pub fn registry(status: StatusHandle) -> (Registry, Arc<Metrics>) {
         metrics.apply_latency.clone(),
     );
     registry.register("batch_size_ops", "Data ops per fenced target Txn", metrics.batch_size.clone());
+    registry.register(
+        "batch_revisions",
+        "Whole source revisions per tail Txn (group commit)",
+        metrics.batch_revisions.clone(),
+    );
     registry.register_collector(Box::new(StatusCollector { status }));
     (registry, metrics)
 }

@@ -65,6 +65,13 @@ impl Reporter {
         }
     }
 
+    /// A tail Txn of `revisions` whole source revisions landed.
+    pub fn revisions_landed(&self, revisions: usize) {
+        if let Some(m) = &self.metrics {
+            m.batch_revisions.observe(revisions as f64);
+        }
+    }
+
     /// A fenced Txn of `ops` data ops landed after `took`.
     pub fn txn_landed(&self, ops: usize, took: Duration) {
         if let Some(m) = &self.metrics {

@@ -1,5 +1,7 @@
 //! The tail: watch responses, progress, and the timers of a running link.
 
+use futures::FutureExt as _;
+
 use super::*;
 
 impl Run<'_> {
@@ -98,7 +100,39 @@ impl Run<'_> {
                 }
                 Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
             };
-            self.on_response(resp, &mut scan_end).await?;
+            // Group commit (SPEC §5 Batching): every response already waiting joins this one, so
+            // the next Txn carries every whole revision that arrived while the last one was in
+            // flight; under load Txns grow instead of the lag.
+            let mut ready = vec![resp];
+            let mut later = None;
+            let budget = self.cfg().sync.txn_flush_bytes.bytes() as usize;
+            let mut bytes = response_bytes(&ready[0]);
+            while is_data(ready.last().expect("one")) && bytes < budget && ready.len() < GROUP_RESPONSES {
+                let Some(watch) = self.watch.as_mut() else { break };
+                match watch.stream.message().now_or_never() {
+                    None => break,
+                    Some(Ok(Some(next))) => {
+                        bytes += response_bytes(&next);
+                        ready.push(next);
+                    }
+                    Some(other) => {
+                        later = Some(other);
+                        break;
+                    }
+                }
+            }
+            self.on_responses(ready, &mut scan_end).await?;
+            match later {
+                None => {}
+                Some(Ok(_)) => {
+                    return Err(EngineError::Etcd(EtcdError::new(
+                        "watch",
+                        Side::Source,
+                        etcd_client::Error::WatchError("watch stream ended".into()),
+                    )))
+                }
+                Some(Err(e)) => return Err(EtcdError::new("watch", Side::Source, e).into()),
+            }
             if scan_end.is_none() && self.cfg().mode == Mode::Drain {
                 let watermark = self.writer().record().watermark;
                 match self.drain_target {
@@ -129,6 +163,32 @@ impl Run<'_> {
                 progress.tick().await;
             }
         }
+    }
+
+    /// Responses in arrival order: runs of data responses are converted together and applied as
+    /// one batch stream (whole revisions, merged into as few Txns as the limits allow); anything
+    /// else (progress, cancel) is handled in its place, after the data before it.
+    pub(super) async fn on_responses(
+        &mut self,
+        responses: Vec<WatchResponse>,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        let mut revisions: Vec<Revision> = Vec::new();
+        for resp in responses {
+            if !is_data(&resp) {
+                self.apply_revisions(std::mem::take(&mut revisions), scan_end).await?;
+                self.on_response(resp, scan_end).await?;
+                continue;
+            }
+            self.idle_replies = 0;
+            let header_rev = resp.header().map_or(0, |h| h.revision());
+            self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
+            let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
+            let converted = convert_events(resp.events(), &self.engine.rewriter, floor);
+            self.engine.update(|s| s.lease_backed_keys += converted.leased);
+            revisions.extend(converted.revisions);
+        }
+        self.apply_revisions(revisions, scan_end).await
     }
 
     pub(super) async fn on_response(
@@ -237,4 +297,17 @@ pub(super) async fn sleep_until_some(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// Most watch responses gathered into one group commit.
+const GROUP_RESPONSES: usize = 1024;
+
+/// A response that carries events and nothing else to act on.
+fn is_data(resp: &WatchResponse) -> bool {
+    !resp.events().is_empty() && !resp.canceled() && resp.compact_revision() == 0
+}
+
+/// Roughly the bytes a response's events add to a Txn.
+fn response_bytes(resp: &WatchResponse) -> usize {
+    resp.events().iter().filter_map(|e| e.kv()).map(|kv| kv.key().len() + kv.value().len() + 16).sum()
 }

@@ -5,7 +5,8 @@
 //! - the target's raw write ceiling: 4 concurrent writers of 128-op Txns;
 //! - the agent's initial sync keys/s, as a ratio of that ceiling;
 //! - `etcdctl make-mirror` initial sync keys/s (3.5.1's etcdctl), where present;
-//! - tail lag p50/p99 at a fixed write rate (source put acknowledged → visible in the target);
+//! - tail lag p50/p99 at a fixed, open-loop write rate (source put acknowledged → visible in
+//!   the target);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
 //! - the agent's peak RSS.
 
@@ -27,8 +28,8 @@ pub struct BenchPlan {
     pub value_size: usize,
     /// Keys for make-mirror (it is slow: one serial Put per key).
     pub make_mirror_keys: usize,
-    /// Tail write rate (writes/s) and duration.
-    pub tail_rate: u32,
+    /// Tail write rates (writes/s, open loop), each measured for `tail_seconds`.
+    pub tail_rates: Vec<u32>,
     /// How long the tail runs.
     pub tail_seconds: u64,
 }
@@ -70,14 +71,16 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<()> {
         Err(e) => println!("etcdctl make-mirror: failed: {e:#}"),
     }
 
-    let (p50, p99, n) =
-        tail_lag(&mut src, &mut target.client().await?, plan.tail_rate, plan.tail_seconds).await?;
-    println!(
-        "tail lag at {} writes/s ({n} writes):          p50 {:>7.2} ms   p99 {:>7.2} ms",
-        plan.tail_rate,
-        p50.as_secs_f64() * 1e3,
-        p99.as_secs_f64() * 1e3
-    );
+    for (round, &rate) in plan.tail_rates.iter().enumerate() {
+        let prefix = format!("/bench/lag{round}/");
+        let (p50, p99, n) =
+            tail_lag(&mut src, &mut target.client().await?, &prefix, rate, plan.tail_seconds).await?;
+        println!(
+            "tail lag at {rate} writes/s, open loop ({n} writes):  p50 {:>8.2} ms   p99 {:>8.2} ms",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+    }
     // A reload that sets a short reconcile interval starts a pass one second later.
     agent.reload(cfg.clone().with("[reconcile]\ninterval = \"1s\""))?;
     let status =
@@ -166,11 +169,12 @@ async fn make_mirror_rate(version: EtcdVersion, plan: &BenchPlan) -> anyhow::Res
 async fn tail_lag(
     src: &mut Client,
     dst: &mut Client,
+    prefix: &str,
     rate: u32,
     seconds: u64,
 ) -> anyhow::Result<(Duration, Duration, usize)> {
     let total = (rate as u64 * seconds) as usize;
-    let mut stream = dst.watch("/bench/lag/", Some(WatchOptions::new().with_prefix())).await?;
+    let mut stream = dst.watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
     let seen = tokio::spawn(async move {
         let mut seen: HashMap<Vec<u8>, Instant> = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(seconds + 30);
@@ -188,13 +192,24 @@ async fn tail_lag(
         }
         seen
     });
-    let mut acked: HashMap<Vec<u8>, Instant> = HashMap::new();
+    // Open loop: each put is sent at its due time on a task of its own, whether or not earlier
+    // ones returned, so a slow system cannot lower the offered rate.
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut puts = tokio::task::JoinSet::new();
     for i in 0..total {
         tick.tick().await;
-        let key = format!("/bench/lag/{i:08}").into_bytes();
-        src.put(key.clone(), "x", None).await?;
-        acked.insert(key, Instant::now());
+        let key = format!("{prefix}{i:08}").into_bytes();
+        let mut c = src.clone();
+        puts.spawn(async move {
+            c.put(key.clone(), "x", None).await?;
+            anyhow::Ok((key, Instant::now()))
+        });
+    }
+    let mut acked: HashMap<Vec<u8>, Instant> = HashMap::new();
+    while let Some(done) = puts.join_next().await {
+        let (key, at) = done??;
+        acked.insert(key, at);
     }
     let seen = seen.await?;
     let mut lags: Vec<Duration> =

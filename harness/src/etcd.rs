@@ -167,10 +167,23 @@ impl Node {
     }
 
     /// Starts a stopped or killed member on its data and waits until it serves.
+    /// Its client port stays the one in its plan; if a short-lived outgoing connection holds
+    /// that port just now, the start is retried for a few seconds.
     pub async fn start(&mut self) -> anyhow::Result<()> {
-        match &mut self.inner {
-            NodeInner::Process(p) => p.start(&self.plan).await?,
-            NodeInner::Container(c) => c.start(&self.plan).await?,
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let started = match &mut self.inner {
+                NodeInner::Process(p) => p.start(&self.plan).await,
+                NodeInner::Container(c) => c.start(&self.plan).await,
+            };
+            match started {
+                Ok(()) => break,
+                Err(e) if attempt < 10 && format!("{e:#}").contains("address already in use") => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
         }
         wait_serving(&[self.endpoint()], self.client_tls().as_ref(), Duration::from_secs(30)).await
     }

@@ -38,9 +38,9 @@ enum Command {
         /// Keys for etcdctl make-mirror (slow).
         #[arg(long, default_value_t = 3_000)]
         make_mirror_keys: usize,
-        /// Tail write rate per second.
-        #[arg(long, default_value_t = 500)]
-        tail_rate: u32,
+        /// Tail write rates per second, open loop, comma-separated (each measured in turn).
+        #[arg(long, value_delimiter = ',', default_values_t = [500u32, 2_000])]
+        tail_rate: Vec<u32>,
         /// Tail duration in seconds.
         #[arg(long, default_value_t = 10)]
         tail_seconds: u64,
@@ -66,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
                 keys,
                 value_size,
                 make_mirror_keys,
-                tail_rate,
+                tail_rates: tail_rate,
                 tail_seconds,
             })
             .await

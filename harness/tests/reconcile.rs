@@ -83,7 +83,14 @@ async fn compaction_while_down_forces_resync_with_prune() {
     compact_now(&mut src).await;
 
     agent.restart().await.unwrap();
-    synced(&agent).await;
+    // The restarted agent resumes the tail (synced, for a moment) before its watch reports the
+    // compaction: wait for the resync's own initial sync to complete.
+    agent
+        .wait_for("the forced resync completed", SYNC_TIMEOUT, |s| {
+            s.forced_resyncs.count >= 1 && s.phase == Phase::Syncing && s.condition("InitialSyncComplete")
+        })
+        .await
+        .unwrap();
     let status = caught_up(&agent, &mut src).await;
     assert_eq!(status.forced_resyncs.count, 1, "{status:#?}");
     assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("WatchCompacted"));

@@ -171,6 +171,25 @@ impl Checkpoint {
     }
 }
 
+/// A valid record of `link` at `epoch` and `role`, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn test_record(link: &str, epoch: u64, role: Role) -> Checkpoint {
+    Checkpoint {
+        link_uid: link.into(),
+        epoch,
+        role,
+        watermark: 1,
+        scanning: false,
+        scan_cursor: Vec::new(),
+        prune_pending: false,
+        source_cluster_id: 1,
+        target_cluster_id: 2,
+        agent_id: "a".into(),
+        commit: String::new(),
+        range: String::new(),
+    }
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> DecodeError {
     DecodeError::Invalid { field, reason: reason.into() }
 }

@@ -80,24 +80,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::checkpoint::{Checkpoint, Role};
+    use crate::checkpoint::{test_record, Role};
 
     fn at(epoch: u64) -> Observed {
         Observed::Present {
-            record: Checkpoint {
-                link_uid: "l".into(),
-                epoch,
-                role: Role::Mirror,
-                watermark: 0,
-                scanning: false,
-                scan_cursor: Vec::new(),
-                prune_pending: false,
-                source_cluster_id: 1,
-                target_cluster_id: 2,
-                agent_id: "a".into(),
-                commit: String::new(),
-                range: String::new(),
-            },
+            record: test_record("l", epoch, Role::Mirror),
             mod_revision: epoch as i64,
             create_revision: 1,
         }

@@ -38,6 +38,12 @@ fn next_commit_id() -> String {
     format!("{nonce:016x}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
+/// A Txn of `ops` that runs only while the checkpoint key's mod revision is `mod_revision`
+/// (0 matches an absent key): the fence of every target write (G4).
+fn guarded(key: &[u8], mod_revision: i64, ops: Vec<TxnOp>) -> Txn {
+    Txn::new().when([Compare::mod_revision(key.to_vec(), CompareOp::Equal, mod_revision)]).and_then(ops)
+}
+
 /// etcd's default `--max-txn-ops`.
 const DEFAULT_MAX_TXN_OPS: usize = 128;
 
@@ -230,9 +236,8 @@ impl FencedWriter {
             may_claim(&observed, &record)?;
             record.commit = next_commit_id();
             let bytes = record.encode();
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, observed.mod_revision())])
-                .and_then([TxnOp::put(key.clone(), bytes.clone(), None)]);
+            let txn =
+                guarded(&key, observed.mod_revision(), vec![TxnOp::put(key.clone(), bytes.clone(), None)]);
             let resp = unary("claim fence", Side::Target, timeout, kv.txn(txn)).await?;
             if resp.succeeded() {
                 let mod_revision = resp.header().map_or(0, |h| h.revision());
@@ -240,30 +245,14 @@ impl FencedWriter {
                     Observed::Present { create_revision, .. } => *create_revision,
                     Observed::Absent => mod_revision,
                 };
-                return Ok(FencedWriter {
-                    kv,
-                    key,
-                    mod_revision,
-                    create_revision,
-                    record,
-                    timeout,
-                    max_txn_ops: DEFAULT_MAX_TXN_OPS,
-                });
+                return Ok(FencedWriter::holding(kv, key, (mod_revision, create_revision), record, timeout));
             }
             observed = read_checkpoint(&mut kv, &key, timeout).await?;
             if let Observed::Present { record: stored, mod_revision, create_revision } = &observed {
                 if stored.encode() == bytes {
                     // Our own earlier attempt landed.
-                    let (mod_revision, create_revision) = (*mod_revision, *create_revision);
-                    return Ok(FencedWriter {
-                        kv,
-                        key,
-                        mod_revision,
-                        create_revision,
-                        record,
-                        timeout,
-                        max_txn_ops: DEFAULT_MAX_TXN_OPS,
-                    });
+                    let revisions = (*mod_revision, *create_revision);
+                    return Ok(FencedWriter::holding(kv, key, revisions, record, timeout));
                 }
             }
         }
@@ -275,6 +264,25 @@ impl FencedWriter {
                 agent: stored.agent_id,
             }),
             Observed::Absent => Err(FenceError::FenceLost),
+        }
+    }
+
+    /// The writer that holds the fence at (mod revision, create revision) of the key.
+    fn holding(
+        kv: KvClient,
+        key: Vec<u8>,
+        (mod_revision, create_revision): (i64, i64),
+        record: Checkpoint,
+        timeout: Duration,
+    ) -> FencedWriter {
+        FencedWriter {
+            kv,
+            key,
+            mod_revision,
+            create_revision,
+            record,
+            timeout,
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
         }
     }
 
@@ -328,9 +336,7 @@ impl FencedWriter {
         if let Some(bytes) = &next_bytes {
             all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
         }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
-            .and_then(all);
+        let txn = guarded(&self.key, self.mod_revision, all);
         let resp = unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
@@ -428,9 +434,7 @@ impl DataWriter {
     /// what happened.
     pub async fn commit(&self, ops: Vec<TxnOp>) -> bool {
         let Ok(ops) = crate::nest::nest(ops, self.max_txn_ops, 0) else { return false };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.mod_revision)])
-            .and_then(ops);
+        let txn = guarded(&self.key, self.mod_revision, ops);
         let mut kv = self.kv.clone();
         unary("fenced data txn", Side::Target, self.timeout, kv.txn(txn)).await.is_ok_and(|r| r.succeeded())
     }
@@ -455,20 +459,7 @@ mod tests {
     /// epochs of our link may be taken over.
     #[test]
     fn claim_rules() {
-        let record = |link: &str, epoch: u64, role: Role| Checkpoint {
-            link_uid: link.into(),
-            epoch,
-            role,
-            watermark: 1,
-            scanning: false,
-            scan_cursor: Vec::new(),
-            prune_pending: false,
-            source_cluster_id: 1,
-            target_cluster_id: 2,
-            agent_id: "a".into(),
-            commit: String::new(),
-            range: String::new(),
-        };
+        let record = crate::checkpoint::test_record;
         let stored = |r: Checkpoint| Observed::Present { record: r, mod_revision: 5, create_revision: 2 };
         let ours = record("l", 2, Role::Mirror);
         assert!(may_claim(&Observed::Absent, &ours).is_ok());

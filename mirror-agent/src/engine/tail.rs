@@ -182,10 +182,12 @@ impl Run<'_> {
             }
             self.idle_replies = 0;
             let header_rev = resp.header().map_or(0, |h| h.revision());
-            self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
             let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
             let converted = convert_events(resp.events(), &self.engine.rewriter, floor);
-            self.engine.update(|s| s.lease_backed_keys += converted.leased);
+            self.engine.update(|s| {
+                s.source_revision = s.source_revision.max(header_rev);
+                s.lease_backed_keys += converted.leased;
+            });
             revisions.extend(converted.revisions);
         }
         self.apply_revisions(revisions, scan_end).await

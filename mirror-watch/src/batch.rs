@@ -109,10 +109,10 @@ impl Batch {
 
 /// Packs whole revisions into Txn-sized batches (SPEC §5 "Batching").
 ///
-/// A pending batch is flushed before a revision when adding it would pass `max_txn_ops - 1`
-/// ops (one slot is the checkpoint's) or `txn_flush_bytes`, or when it touches a key already
+/// A pending batch is flushed before a revision when adding it would pass the op limit minus
+/// one (one slot is the checkpoint's) or `txn_flush_bytes`, or when it touches a key already
 /// pending (etcd refuses a key twice in one Txn). The caller also flushes at the end of each
-/// watch response with [`RevisionBatcher::take`]. A single revision over the limits forms a
+/// group of watch responses it commits together with [`RevisionBatcher::take`]. A single revision over the limits forms a
 /// batch of its own; whether the target accepts it is the target's call.
 #[derive(Debug)]
 pub struct RevisionBatcher {

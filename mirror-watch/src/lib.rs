@@ -5,8 +5,9 @@
 //! ## What it guarantees
 //! - **G2, revision atomicity.** [`RevisionBatcher`] only ever packs *whole* revisions; a
 //!   revision over the limits forms a batch alone and is never split. Batches carry at most
-//!   `max_txn_ops - 1` data ops so the checkpoint put always fits, at most `txn_flush_bytes`,
-//!   and never the same key twice (property-tested).
+//!   the op limit they are built with minus one (the checkpoint put's slot; the agent passes
+//!   8 x `max_txn_ops` and the fenced writer lays larger batches out as nested Txns), at most
+//!   `txn_flush_bytes`, and never the same key twice (property-tested).
 //! - **Duplicates are no-ops.** [`convert_events`] drops every revision at or below the
 //!   watermark, so a replayed watch response changes nothing.
 //! - **G6, bounded memory.** The [`ReplayBuffer`] holding events during the genesis scan refuses

@@ -188,11 +188,16 @@ impl Run<'_> {
 
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
     /// at once): after `ops` ops, wait `ops / rate` seconds.
-    pub(super) async fn pace(&self, ops: usize) {
+    pub(super) async fn pace(&self, ops: usize) -> Result<(), EngineError> {
         let rate = self.cfg().sync.max_ops_per_second;
         if rate > 0 && ops > 0 {
-            tokio::time::sleep(Duration::from_secs_f64(ops as f64 / rate as f64)).await;
+            // A slow rate makes long pauses; SIGTERM must not wait them out.
+            tokio::select! {
+                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
+                _ = tokio::time::sleep(Duration::from_secs_f64(ops as f64 / rate as f64)) => {}
+            }
         }
+        Ok(())
     }
 
     /// One fenced Txn, retried through transient errors, throttling and a full target.
@@ -210,10 +215,10 @@ impl Run<'_> {
             let err = match result {
                 Ok(_) => {
                     self.engine.reporter.txn_landed(ops.len(), started.elapsed());
-                    self.pace(ops.len()).await;
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| s.watermark = next.watermark);
                     self.engine.made_progress(Progress::Healthy);
+                    self.pace(ops.len()).await?;
                     if policy.rounds() > 0 {
                         info!("target accepts writes again");
                         self.engine.update(|s| {

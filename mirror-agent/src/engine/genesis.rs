@@ -152,7 +152,7 @@ impl Run<'_> {
         });
         let results: Vec<(Vec<Op>, bool)> =
             futures::stream::iter(in_flight).buffer_unordered(SCAN_TXNS_IN_FLIGHT).collect().await;
-        self.pace(keys - last.len()).await;
+        self.pace(keys - last.len()).await?;
         for (chunk, landed) in results {
             if !landed {
                 // Redo through the judged path: a moved fence surfaces as a FenceError there.

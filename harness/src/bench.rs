@@ -1,183 +1,398 @@
-//! `harness bench`: performance figures measured side by side on one etcd pair in one run.
+//! `harness bench`: performance figures measured side by side on etcd 3.5.1 in one run.
 //!
-//! Every figure is printed next to a baseline from the same run (the machine is shared and
+//! Every figure is printed next to baselines from the same run (the machine is shared and
 //! noisy, so absolute numbers mean little across runs):
-//! - the target's raw write ceiling: 4 concurrent writers of 128-op Txns;
-//! - the agent's initial sync keys/s, as a ratio of that ceiling;
-//! - `etcdctl make-mirror` initial sync keys/s (3.5.1's etcdctl), where present;
-//! - tail lag p50/p99 at a fixed, open-loop write rate (source put acknowledged → visible in
-//!   the target);
+//! - the target's raw write ceiling: 4 concurrent writers of flat 128-op Txns, and the same with
+//!   nested Txns (N inner Txns of 128 - N puts in one Txn), to show where nesting stops paying;
+//! - a naive copier: one reader of exact 1 000-key windows (no Get walks the rest of the
+//!   range) and 4 unfenced writers of 128-op Txns, no checkpoint;
+//! - the agent's initial sync, timed by polling a count-only read of the target until every
+//!   key is there (a digest would disturb it), then checked equal once;
+//! - `etcdctl make-mirror`'s initial sync (3.5.1's etcdctl), on a pair of its own;
+//! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
+//!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
 //! - the agent's peak RSS.
+//!
+//! `--plot FILE.svg` draws the lag distributions and the throughput bars ([`crate::plot`]).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
 use tokio::time::Instant;
 
-use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
+use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
+
+/// Puts per flat Txn: etcd's default `--max-txn-ops` and the agent's default Txn size.
+const FLAT_OPS: usize = 128;
+/// Keys per read window of the naive copier.
+const COPIER_WINDOW: usize = 1_000;
+/// Concurrent writers of the ceiling and the copier.
+const WRITERS: usize = 4;
 
 /// Sizes of one bench run.
 #[derive(Clone, Debug)]
 pub struct BenchPlan {
-    /// Keys for the ceiling and the agent's initial sync.
+    /// Keys for the ceilings, the copier and the agent's initial sync.
     pub keys: usize,
     /// Value size in bytes.
     pub value_size: usize,
-    /// Keys for make-mirror (it is slow: one serial Put per key).
+    /// Keys for make-mirror's initial sync (it is slow: one serial Put per key).
     pub make_mirror_keys: usize,
     /// Tail write rates (writes/s, open loop), each measured for `tail_seconds`.
     pub tail_rates: Vec<u32>,
-    /// How long the tail runs.
+    /// How long each tail rate runs.
     pub tail_seconds: u64,
+    /// Inner-Txn counts whose nested write ceiling is measured (empty: none).
+    pub nested: Vec<usize>,
+    /// Where to draw the figures as SVG.
+    pub plot: Option<PathBuf>,
 }
 
-/// Runs the bench and prints its figures.
-pub async fn run(plan: BenchPlan) -> anyhow::Result<()> {
-    let version = EtcdVersion::V3_5_1;
-    println!("etcd-mirror bench: etcd {version} pair, {} keys of {} B", plan.keys, plan.value_size);
+/// What one run measured; [`crate::plot::draw`] draws it.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    /// Keys and value size of the run.
+    pub keys: usize,
+    /// Value size in bytes.
+    pub value_size: usize,
+    /// Flat 128-op Txn write ceiling, keys/s (the baseline).
+    pub ceiling: f64,
+    /// (inner Txns per Txn, keys/s) of the nested ceilings.
+    pub nested: Vec<(usize, f64)>,
+    /// Naive copier, keys/s.
+    pub copier: f64,
+    /// Agent initial sync, keys/s.
+    pub agent_sync: f64,
+    /// make-mirror initial sync, keys/s, when etcdctl is present.
+    pub make_mirror_sync: Option<f64>,
+    /// Tail lags per offered rate.
+    pub tails: Vec<TailFigures>,
+    /// Reconcile pass, keys/s.
+    pub reconcile: f64,
+    /// Agent peak RSS in bytes.
+    pub peak_rss: Option<u64>,
+}
 
-    let ceiling = {
-        let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
-        write_ceiling(&target.client().await?, plan.keys, plan.value_size).await?
-    };
-    println!("target write ceiling (4 writers x 128-op Txn): {ceiling:>10.0} keys/s   (baseline 1.00)");
+/// Lags at one offered rate, sorted ascending.
+#[derive(Clone, Debug, Default)]
+pub struct TailFigures {
+    /// Offered writes/s.
+    pub rate: u32,
+    /// Agent: put acknowledged in the source → visible in the target.
+    pub agent: Vec<Duration>,
+    /// make-mirror, measured the same way on its own pair.
+    pub make_mirror: Option<Vec<Duration>>,
+}
+
+/// The `q` quantile of sorted `lags`.
+pub fn quantile(lags: &[Duration], q: f64) -> Duration {
+    if lags.is_empty() {
+        return Duration::ZERO;
+    }
+    lags[((lags.len() as f64 * q) as usize).min(lags.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Runs the bench, prints its figures as they come, and draws them when asked.
+pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
+    let version = EtcdVersion::V3_5_1;
+    println!("etcd-mirror bench: etcd {version}, {} keys of {} B", plan.keys, plan.value_size);
+    let mut f = Figures { keys: plan.keys, value_size: plan.value_size, ..Figures::default() };
+
+    f.ceiling = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, 1)).await?;
+    println!(
+        "target write ceiling, {WRITERS} writers x flat {FLAT_OPS}-op Txn: {:>10.0} keys/s = 1.00 (baseline)",
+        f.ceiling
+    );
+    for &n in &plan.nested {
+        let rate = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, n)).await?;
+        println!(
+            "  nested, {n:>2} x {} puts per Txn:                 {rate:>10.0} keys/s = {:.2} x",
+            inner_ops(n),
+            rate / f.ceiling
+        );
+        f.nested.push((n, rate));
+    }
 
     let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
-    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
     let mut src = source.client().await?;
     load_keys(&mut src, "/bench/", plan.keys, plan.value_size).await?;
+
+    f.copier = on_fresh_target(version, |dst| naive_copy(src.clone(), dst, plan.keys)).await?;
+    println!(
+        "naive copier (1 reader, {WRITERS} writers, no checkpoint):   {:>10.0} keys/s = {:.2} x",
+        f.copier,
+        f.copier / f.ceiling
+    );
+
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let mut dst = target.client().await?;
     let cfg = AgentConfig::new("bench", source.endpoints(), target.endpoints(), "/bench/")
         .with("[sync]\nprogress_interval = \"1s\"");
     let started = Instant::now();
     let mut agent = AgentProcess::start(&cfg).await?;
+    wait_for_count(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
+    f.agent_sync = plan.keys as f64 / started.elapsed().as_secs_f64();
     agent.wait_for("initial sync", Duration::from_secs(600), |s| s.condition("InitialSyncComplete")).await?;
-    let agent_rate = plan.keys as f64 / started.elapsed().as_secs_f64();
+    let equal = crate::scenario::g3_of(&source, &target, &cfg).await?;
+    anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the initial sync: {equal:?}");
     println!(
-        "agent initial sync:                            {agent_rate:>10.0} keys/s   ({:.2} x ceiling)",
-        agent_rate / ceiling
+        "agent initial sync (start to last key landed):      {:>10.0} keys/s = {:.2} x ceiling = {:.2} x copier (target equal)",
+        f.agent_sync,
+        f.agent_sync / f.ceiling,
+        f.agent_sync / f.copier
     );
 
-    match make_mirror_rate(version, &plan).await {
-        Ok(Some(rate)) => println!(
-            "etcdctl make-mirror initial sync ({} keys):   {rate:>10.0} keys/s   ({:.3} x ceiling, agent is {:.0} x faster)",
-            plan.make_mirror_keys,
-            rate / ceiling,
-            agent_rate / rate
-        ),
-        Ok(None) => println!("etcdctl make-mirror: etcdctl not found, skipped"),
-        Err(e) => println!("etcdctl make-mirror: failed: {e:#}"),
-    }
+    let make_mirror = match MakeMirror::start(version, &plan).await {
+        Ok(Some(mm)) => {
+            println!(
+                "etcdctl make-mirror initial sync ({} keys):       {:>10.0} keys/s = {:.3} x; agent {:.0} x faster",
+                plan.make_mirror_keys,
+                mm.sync_rate,
+                mm.sync_rate / f.ceiling,
+                f.agent_sync / mm.sync_rate
+            );
+            f.make_mirror_sync = Some(mm.sync_rate);
+            Some(mm)
+        }
+        Ok(None) => {
+            println!("etcdctl make-mirror: etcdctl not found, skipped");
+            None
+        }
+        Err(e) => {
+            println!("etcdctl make-mirror: failed: {e:#}");
+            None
+        }
+    };
 
     for (round, &rate) in plan.tail_rates.iter().enumerate() {
         let prefix = format!("/bench/lag{round}/");
-        let (p50, p99, n) =
-            tail_lag(&mut src, &mut target.client().await?, &prefix, rate, plan.tail_seconds).await?;
+        let agent_lags = tail_lag(&src, &dst, &prefix, rate, plan.tail_seconds).await?;
+        let mm_lags = match &make_mirror {
+            Some(mm) => {
+                let prefix = format!("/mm/lag{round}/");
+                Some(tail_lag(&mm.src, &mm.dst, &prefix, rate, plan.tail_seconds).await?)
+            }
+            None => None,
+        };
+        let mm_text = mm_lags.as_ref().map_or_else(String::new, |l| {
+            format!(
+                "   make-mirror p50 {:>8.2} ms p99 {:>8.2} ms",
+                ms(quantile(l, 0.5)),
+                ms(quantile(l, 0.99))
+            )
+        });
         println!(
-            "tail lag at {rate} writes/s, open loop ({n} writes):  p50 {:>8.2} ms   p99 {:>8.2} ms",
-            p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
+            "tail lag at {rate:>5} writes/s, open loop: agent p50 {:>8.2} ms p99 {:>8.2} ms{mm_text}",
+            ms(quantile(&agent_lags, 0.5)),
+            ms(quantile(&agent_lags, 0.99)),
         );
+        f.tails.push(TailFigures { rate, agent: agent_lags, make_mirror: mm_lags });
     }
+    drop(make_mirror);
+
     // A reload that sets a short reconcile interval starts a pass one second later.
     agent.reload(cfg.clone().with("[reconcile]\ninterval = \"1s\""))?;
     let status =
         agent.wait_for("a reconcile pass", Duration::from_secs(600), |s| s.last_reconcile.is_some()).await?;
     let pass = status.last_reconcile.unwrap_or_default();
-    let pass_rate = pass.keys_compared as f64 / pass.duration_seconds.max(1e-9);
+    f.reconcile = pass.keys_compared as f64 / pass.duration_seconds.max(1e-9);
     println!(
-        "reconcile pass ({} keys, both sides read):   {pass_rate:>10.0} keys/s   ({:.2} x ceiling)",
+        "reconcile pass ({} keys, both sides read):     {:>10.0} keys/s = {:.2} x",
         pass.keys_compared,
-        pass_rate / ceiling
+        f.reconcile,
+        f.reconcile / f.ceiling
     );
-    match agent.peak_rss_bytes() {
+    f.peak_rss = agent.peak_rss_bytes();
+    match f.peak_rss {
         Some(b) => println!(
-            "agent peak RSS:                                {:>10.1} MiB",
+            "agent peak RSS:                                      {:>10.1} MiB",
             b as f64 / (1 << 20) as f64
         ),
         None => println!("agent peak RSS: unavailable"),
     }
-    Ok(())
+    if let Some(path) = &plan.plot {
+        crate::plot::draw(&f, path)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(f)
 }
 
-/// Keys/s that 4 concurrent writers of 128-op Txns reach on `client`'s cluster.
-async fn write_ceiling(client: &Client, keys: usize, value_size: usize) -> anyhow::Result<f64> {
+/// Runs `measure` against a fresh single-member target, then removes it.
+async fn on_fresh_target<F, Fut>(version: EtcdVersion, measure: F) -> anyhow::Result<f64>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<f64>>,
+{
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    measure(target.client().await?).await
+}
+
+fn key(prefix: &str, i: usize) -> String {
+    format!("{prefix}key-{i:08}")
+}
+
+/// Puts per inner Txn when a Txn holds `nested` of them: etcd checks `--max-txn-ops` per level
+/// and gives an inner Txn only what its parent left unused.
+fn inner_ops(nested: usize) -> usize {
+    FLAT_OPS - nested
+}
+
+/// Keys/s that [`WRITERS`] concurrent writers reach, each Txn holding `nested` inner Txns of
+/// [`inner_ops`] puts (`nested == 1`: one flat Txn of `FLAT_OPS` puts).
+async fn write_ceiling(client: Client, keys: usize, value_size: usize, nested: usize) -> anyhow::Result<f64> {
+    let inner = inner_ops(nested);
+    let per_txn = if nested == 1 { FLAT_OPS } else { nested * inner };
+    let txns: Vec<(usize, usize)> =
+        (0..keys).step_by(per_txn).map(|start| (start, (start + per_txn).min(keys))).collect();
+    let txns = Arc::new(tokio::sync::Mutex::new(txns.into_iter()));
     let started = Instant::now();
-    let per = keys.div_ceil(4);
-    let mut tasks = Vec::new();
-    for w in 0..4 {
-        let mut c = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let value = vec![b'c'; value_size];
-            for start in (w * per..((w + 1) * per).min(keys)).step_by(128) {
-                let end = (start + 128).min((w + 1) * per).min(keys);
-                let ops: Vec<TxnOp> = (start..end)
-                    .map(|i| TxnOp::put(format!("/ceiling/{i:08}"), value.clone(), None))
-                    .collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let (mut c, txns) = (client.clone(), txns.clone());
+        let value = vec![b'c'; value_size];
+        tasks.spawn(async move {
+            loop {
+                let Some((start, end)) = txns.lock().await.next() else { return anyhow::Ok(()) };
+                let put = |i| TxnOp::put(key("/ceiling/", i), value.clone(), None);
+                let ops: Vec<TxnOp> = if nested == 1 {
+                    (start..end).map(put).collect()
+                } else {
+                    let starts: Vec<usize> = (start..end).step_by(inner).collect();
+                    starts
+                        .into_iter()
+                        .map(|s| {
+                            TxnOp::txn(
+                                Txn::new().and_then((s..(s + inner).min(end)).map(put).collect::<Vec<_>>()),
+                            )
+                        })
+                        .collect()
+                };
                 c.txn(Txn::new().and_then(ops)).await?;
             }
-            anyhow::Ok(())
-        }));
+        });
     }
-    for t in tasks {
-        t.await??;
+    while let Some(done) = tasks.join_next().await {
+        done??;
     }
     Ok(keys as f64 / started.elapsed().as_secs_f64())
 }
 
-/// make-mirror's initial copy rate on a fresh pair, or `None` without etcdctl.
-async fn make_mirror_rate(version: EtcdVersion, plan: &BenchPlan) -> anyhow::Result<Option<f64>> {
-    let etcdctl = version.etcdctl();
-    if !etcdctl.exists() {
-        return Ok(None);
-    }
-    let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
-    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
-    let mut src = source.client().await?;
-    load_keys(&mut src, "/mm/", plan.make_mirror_keys, plan.value_size).await?;
+/// The naive copier: one reader of exact [`COPIER_WINDOW`]-key windows of `/bench/` (it knows
+/// the key names, so no Get walks the rest of the range), [`WRITERS`] writers of `FLAT_OPS`-op
+/// Txns, no fence, no checkpoint. Keys/s to the last key written.
+async fn naive_copy(src: Client, dst: Client, keys: usize) -> anyhow::Result<f64> {
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&etcdctl)
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", source.endpoints()[0]))
-        .arg("make-mirror")
-        .arg("--prefix=/mm/")
-        .arg(target.endpoints()[0].clone())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("spawning etcdctl make-mirror")?;
-    let mut dst = target.client().await?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let n = dst.get("/mm/", Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
-        if n as usize >= plan.make_mirror_keys {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "make-mirror copied only {n} keys in 300 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<TxnOp>>(4 * WRITERS);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let (mut c, rx) = (dst.clone(), rx.clone());
+        tasks.spawn(async move {
+            loop {
+                let Some(ops) = rx.lock().await.recv().await else { return anyhow::Ok(0) };
+                c.txn(Txn::new().and_then(ops)).await?;
+            }
+        });
     }
-    let rate = plan.make_mirror_keys as f64 / started.elapsed().as_secs_f64();
-    child.kill().await.ok();
-    Ok(Some(rate))
+    let mut reader = src.clone();
+    tasks.spawn(async move {
+        let mut copied = 0usize;
+        for start in (0..keys).step_by(COPIER_WINDOW) {
+            let end = (start + COPIER_WINDOW).min(keys);
+            let opts = GetOptions::new().with_range(key("/bench/", end)).with_limit(COPIER_WINDOW as i64);
+            let resp = reader.get(key("/bench/", start), Some(opts)).await?;
+            copied += resp.kvs().len();
+            for chunk in resp.kvs().chunks(FLAT_OPS) {
+                let ops = chunk.iter().map(|kv| TxnOp::put(kv.key(), kv.value(), None)).collect();
+                tx.send(ops).await.context("copier writers stopped")?;
+            }
+        }
+        anyhow::Ok(copied)
+    });
+    let mut copied = 0;
+    while let Some(done) = tasks.join_next().await {
+        copied += done??;
+    }
+    anyhow::ensure!(copied == keys, "the copier read {copied} of {keys} keys");
+    Ok(keys as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Writes at `rate`/s for `seconds` and measures put-acknowledged → visible-in-target latency.
-/// The writer and the target watch run as separate tasks so neither delays the other's clock.
+/// Polls a count-only read of `prefix` until it holds `keys` keys.
+async fn wait_for_count(dst: &mut Client, prefix: &str, keys: usize, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = dst.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
+        if n as usize >= keys {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "only {n} of {keys} keys under {prefix} after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `etcdctl make-mirror` running on a pair of its own, after its initial copy.
+struct MakeMirror {
+    src: Client,
+    dst: Client,
+    sync_rate: f64,
+    _child: tokio::process::Child,
+    _pair: (EtcdCluster, EtcdCluster),
+}
+
+impl MakeMirror {
+    /// Loads `make_mirror_keys` keys, starts make-mirror and times its copy; `None` without
+    /// etcdctl.
+    async fn start(version: EtcdVersion, plan: &BenchPlan) -> anyhow::Result<Option<MakeMirror>> {
+        let etcdctl = version.etcdctl();
+        if !etcdctl.exists() {
+            return Ok(None);
+        }
+        let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
+        let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+        let (mut src, mut dst) = (source.client().await?, target.client().await?);
+        load_keys(&mut src, "/mm/", plan.make_mirror_keys, plan.value_size).await?;
+        let started = Instant::now();
+        let child = tokio::process::Command::new(&etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", source.endpoints()[0]))
+            .arg("make-mirror")
+            .arg("--prefix=/mm/")
+            .arg(target.endpoints()[0].clone())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning etcdctl make-mirror")?;
+        wait_for_count(&mut dst, "/mm/", plan.make_mirror_keys, Duration::from_secs(300)).await?;
+        let sync_rate = plan.make_mirror_keys as f64 / started.elapsed().as_secs_f64();
+        Ok(Some(MakeMirror { src, dst, sync_rate, _child: child, _pair: (source, target) }))
+    }
+}
+
+/// Writes to `src` at `rate`/s for `seconds`, open loop, and measures put acknowledged →
+/// visible in `dst`. Lags sorted ascending; a write never seen counts as the whole wait.
 async fn tail_lag(
-    src: &mut Client,
-    dst: &mut Client,
+    src: &Client,
+    dst: &Client,
     prefix: &str,
     rate: u32,
     seconds: u64,
-) -> anyhow::Result<(Duration, Duration, usize)> {
+) -> anyhow::Result<Vec<Duration>> {
     let total = (rate as u64 * seconds) as usize;
-    let mut stream = dst.watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
+    let mut stream = dst.clone().watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
+    let wait = Duration::from_secs(seconds + 30);
     let seen = tokio::spawn(async move {
         let mut seen: HashMap<Vec<u8>, Instant> = HashMap::new();
-        let deadline = Instant::now() + Duration::from_secs(seconds + 30);
+        let deadline = Instant::now() + wait;
         while seen.len() < total && Instant::now() < deadline {
             let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(1), stream.message()).await
             else {
@@ -213,9 +428,22 @@ async fn tail_lag(
     }
     let seen = seen.await?;
     let mut lags: Vec<Duration> =
-        acked.iter().filter_map(|(k, at)| seen.get(k).map(|s| s.saturating_duration_since(*at))).collect();
-    anyhow::ensure!(!lags.is_empty(), "no write became visible in the target");
+        acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
     lags.sort();
-    let pick = |q: f64| lags[((lags.len() as f64 * q) as usize).min(lags.len() - 1)];
-    Ok((pick(0.50), pick(0.99), lags.len()))
+    Ok(lags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Quantiles pick from sorted lags and never index out of range.
+    #[test]
+    fn quantiles_pick_in_range() {
+        let lags: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&lags, 0.5), Duration::from_millis(51));
+        assert_eq!(quantile(&lags, 0.99), Duration::from_millis(100));
+        assert_eq!(quantile(&lags, 1.0), Duration::from_millis(100));
+        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
 }

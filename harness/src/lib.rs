@@ -27,6 +27,7 @@ mod etcd;
 mod load;
 pub mod pki;
 mod plan;
+pub mod plot;
 mod ports;
 mod process;
 mod proxy;

@@ -39,11 +39,17 @@ enum Command {
         #[arg(long, default_value_t = 3_000)]
         make_mirror_keys: usize,
         /// Tail write rates per second, open loop, comma-separated (each measured in turn).
-        #[arg(long, value_delimiter = ',', default_values_t = [500u32, 2_000])]
+        #[arg(long, value_delimiter = ',', default_values_t = [500u32, 2_000, 10_000])]
         tail_rate: Vec<u32>,
-        /// Tail duration in seconds.
+        /// Tail duration in seconds, per rate.
         #[arg(long, default_value_t = 10)]
         tail_seconds: u64,
+        /// Inner Txns per nested Txn whose write ceiling is measured, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8, 16])]
+        nested: Vec<usize>,
+        /// Draw the lag distributions and throughput bars into this SVG file.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
     },
 }
 
@@ -61,15 +67,18 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo { source_version, target_version, keys } => {
             demo(version(&source_version)?, version(&target_version)?, keys).await
         }
-        Command::Bench { keys, value_size, make_mirror_keys, tail_rate, tail_seconds } => {
+        Command::Bench { keys, value_size, make_mirror_keys, tail_rate, tail_seconds, nested, plot } => {
             harness::bench::run(harness::bench::BenchPlan {
                 keys,
                 value_size,
                 make_mirror_keys,
                 tail_rates: tail_rate,
                 tail_seconds,
+                nested,
+                plot,
             })
             .await
+            .map(drop)
         }
     }
 }

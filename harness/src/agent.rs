@@ -43,6 +43,8 @@ pub struct AgentConfig {
     pub env: Vec<(String, String)>,
     /// Extra command-line arguments for `mirror-agent run`.
     pub args: Vec<String>,
+    /// TOML documents merged over the rendered config, in order (tables merge key by key).
+    pub overlays: Vec<String>,
 }
 
 impl AgentConfig {
@@ -59,6 +61,7 @@ impl AgentConfig {
             extra: String::new(),
             env: Vec::new(),
             args: Vec::new(),
+            overlays: Vec::new(),
         }
     }
 
@@ -88,14 +91,37 @@ impl AgentConfig {
         self
     }
 
+    /// Merges `toml` over the config when it is rendered: keys it sets replace the config's,
+    /// tables merge key by key (unlike [`AgentConfig::with`], which appends text).
+    pub fn overlay(mut self, toml: &str) -> AgentConfig {
+        if !toml.trim().is_empty() {
+            self.overlays.push(toml.to_owned());
+        }
+        self
+    }
+
     /// Sets the epoch.
     pub fn epoch(mut self, epoch: u64) -> AgentConfig {
         self.epoch = epoch;
         self
     }
 
-    /// The TOML text.
+    /// The TOML text, overlays merged.
     pub fn render(&self) -> String {
+        let text = self.render_base();
+        if self.overlays.is_empty() {
+            return text;
+        }
+        let Ok(mut table) = text.parse::<toml::Table>() else { return text };
+        for overlay in &self.overlays {
+            if let Ok(over) = overlay.parse::<toml::Table>() {
+                merge(&mut table, over);
+            }
+        }
+        toml::to_string(&table).unwrap_or(text)
+    }
+
+    fn render_base(&self) -> String {
         let list = |e: &[String]| e.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
         format!(
             "link_uid = {:?}\nepoch = {}\n{}\n[source]\nendpoints = [{}]\nprefix = {:?}\n\n[target]\nendpoints = [{}]\nprefix = {:?}\n{}\n",
@@ -113,6 +139,18 @@ impl AgentConfig {
     /// The mirror-core view of this config (for the rewriter and checkpoint key).
     pub fn parsed(&self) -> anyhow::Result<mirror_core::Config> {
         Ok(mirror_core::Config::from_toml_str(&self.render())?)
+    }
+}
+
+/// Merges `from` into `into`: tables key by key, everything else replaced.
+fn merge(into: &mut toml::Table, from: toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
     }
 }
 

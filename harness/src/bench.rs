@@ -183,19 +183,10 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
             }
             None => None,
         };
-        let mm_text = mm_lags.as_ref().map_or_else(String::new, |l| {
-            format!(
-                "   make-mirror p50 {:>8.2} ms p99 {:>8.2} ms",
-                ms(quantile(l, 0.5)),
-                ms(quantile(l, 0.99))
-            )
-        });
-        println!(
-            "tail lag at {rate:>5} writes/s, open loop: agent p50 {:>8.2} ms p99 {:>8.2} ms{mm_text}",
-            ms(quantile(&agent_lags, 0.5)),
-            ms(quantile(&agent_lags, 0.99)),
-        );
-        f.tails.push(TailFigures { rate, agent: agent_lags, make_mirror: mm_lags });
+        let mm_text =
+            mm_lags.as_ref().map_or_else(String::new, |l| format!("   make-mirror {}", l.summary()));
+        println!("tail lag at {rate:>5} writes/s, open loop: agent {}{mm_text}", agent_lags.summary());
+        f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
     }
     drop(make_mirror);
 
@@ -380,13 +371,7 @@ impl MakeMirror {
 
 /// Writes to `src` at `rate`/s for `seconds`, open loop, and measures put acknowledged →
 /// visible in `dst`. Lags sorted ascending; a write never seen counts as the whole wait.
-async fn tail_lag(
-    src: &Client,
-    dst: &Client,
-    prefix: &str,
-    rate: u32,
-    seconds: u64,
-) -> anyhow::Result<Vec<Duration>> {
+async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: u64) -> anyhow::Result<Lags> {
     let total = (rate as u64 * seconds) as usize;
     let mut stream = dst.clone().watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
     let wait = Duration::from_secs(seconds + 30);
@@ -422,15 +407,41 @@ async fn tail_lag(
         });
     }
     let mut acked: HashMap<Vec<u8>, Instant> = HashMap::new();
+    let mut rejected = 0usize;
     while let Some(done) = puts.join_next().await {
-        let (key, at) = done??;
-        acked.insert(key, at);
+        // An overloaded source refuses puts ("too many requests"): count them, lag the rest.
+        match done? {
+            Ok((key, at)) => drop(acked.insert(key, at)),
+            Err(_) => rejected += 1,
+        }
     }
     let seen = seen.await?;
     let mut lags: Vec<Duration> =
         acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
     lags.sort();
-    Ok(lags)
+    Ok(Lags { lags, rejected })
+}
+
+impl Lags {
+    fn summary(&self) -> String {
+        let refused = match self.rejected {
+            0 => String::new(),
+            n => format!(" ({n} puts refused by the source)"),
+        };
+        format!(
+            "p50 {:>8.2} ms p99 {:>8.2} ms{refused}",
+            ms(quantile(&self.lags, 0.5)),
+            ms(quantile(&self.lags, 0.99))
+        )
+    }
+}
+
+/// What [`tail_lag`] measured.
+struct Lags {
+    /// Per acknowledged put, sorted.
+    lags: Vec<Duration>,
+    /// Puts the source refused.
+    rejected: usize,
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! to that read's revision) gives the watermark W and the range; the source is then read pinned
 //! at W and rewritten. Callable at any moment, also while the agent writes.
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use etcd_client::Client;
 use mirror_core::{KeyRange, KeyRewriter, Pager, PagerOptions, Side};
 use mirror_fence::Checkpoint;
@@ -40,7 +40,20 @@ pub async fn read_window(
     Ok(out)
 }
 
-/// Checks G3 once. Errors describe the first differences.
+/// The error [`check_g3`] returns when the sides differ (other errors are reads that failed):
+/// downcast to tell a violation from a check that could not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct G3Violation(pub String);
+
+impl std::fmt::Display for G3Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for G3Violation {}
+
+/// Checks G3 once. A violation is a [`G3Violation`] describing the first differences.
 pub async fn check_g3(
     source: &mut Client,
     target: &mut Client,
@@ -67,27 +80,57 @@ pub async fn check_g3(
             }
         }
     }
+    if let Some(diff) = difference(source_kvs, &mut target_kvs) {
+        return Err(G3Violation(format!("G3 violated at watermark {w} (target read at {at}): {diff}")).into());
+    }
+    Ok(G3::Holds { watermark: w, keys: target_kvs.len() })
+}
+
+/// Whether the target range equals the source range now (each read at its latest revision,
+/// through the key rewrite): `None` when equal, else the first differences. Meaningful once the
+/// source is quiet and the agent caught up.
+pub async fn difference_now(
+    source: &mut Client,
+    target: &mut Client,
+    rewriter: &KeyRewriter,
+) -> anyhow::Result<Option<String>> {
+    let mut source_kvs = Vec::new();
+    for window in rewriter.scan_windows() {
+        for (k, v) in read_window(source, &window, 0).await? {
+            if let Some(t) = rewriter.to_target(&k) {
+                source_kvs.push((t, v));
+            }
+        }
+    }
+    let mut target_kvs = Vec::new();
+    for window in rewriter.target_windows() {
+        target_kvs.extend(read_window(target, &window, 0).await?);
+    }
+    Ok(difference(source_kvs, &mut target_kvs))
+}
+
+/// Sorts both and describes how they differ, if they do.
+fn difference(
+    mut source_kvs: Vec<(Vec<u8>, Vec<u8>)>,
+    target_kvs: &mut [(Vec<u8>, Vec<u8>)],
+) -> Option<String> {
     source_kvs.sort();
     target_kvs.sort();
-    if source_kvs != target_kvs {
-        let missing: Vec<String> = source_kvs
-            .iter()
-            .filter(|kv| !target_kvs.contains(kv))
-            .take(5)
-            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        let extra: Vec<String> = target_kvs
-            .iter()
-            .filter(|kv| !source_kvs.contains(kv))
-            .take(5)
-            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        bail!(
-            "G3 violated at watermark {w} (target read at {at}): source has {} keys, target {}; \
-             missing/different in target: {missing:?}; extra/different in target: {extra:?}",
-            source_kvs.len(),
-            target_kvs.len()
-        );
+    if source_kvs == target_kvs {
+        return None;
     }
-    Ok(G3::Holds { watermark: w, keys: source_kvs.len() })
+    let only_in = |a: &[(Vec<u8>, Vec<u8>)], b: &[(Vec<u8>, Vec<u8>)]| -> Vec<String> {
+        a.iter()
+            .filter(|kv| b.binary_search(kv).is_err())
+            .take(5)
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    };
+    Some(format!(
+        "source has {} keys, target {}; missing/different in target: {:?}; extra/different in target: {:?}",
+        source_kvs.len(),
+        target_kvs.len(),
+        only_in(&source_kvs, target_kvs),
+        only_in(target_kvs, &source_kvs)
+    ))
 }

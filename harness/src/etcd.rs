@@ -396,7 +396,12 @@ impl Proxies {
         self.0.iter().for_each(FaultProxy::cut);
     }
 
-    /// Restores the whole side.
+    /// Delays every chunk to and from the whole side.
+    pub fn delay(&self, delay: std::time::Duration) {
+        self.0.iter().for_each(|p| p.delay(delay));
+    }
+
+    /// Ends a cut and a delay on every member.
     pub fn heal(&self) {
         self.0.iter().for_each(FaultProxy::heal);
     }

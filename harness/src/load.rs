@@ -1,9 +1,9 @@
 //! Writing test data into the source: a fast bulk load (batched Txns) and an open-loop churn of
-//! random puts, overwrites, deletes, multi-key Txns and range deletes.
+//! random puts, overwrites, deletes, multi-key Txns, range deletes and (optionally) leased puts.
 
 use std::time::Duration;
 
-use etcd_client::{Client, DeleteOptions, Txn, TxnOp};
+use etcd_client::{Client, DeleteOptions, PutOptions, Txn, TxnOp};
 
 /// Puts `n` keys `prefix + "key-%08d"` with `value_size`-byte values in 128-op Txns; returns the
 /// revision after the last write.
@@ -40,12 +40,25 @@ pub struct Churn {
     pub value_size: usize,
     /// Seed of the op sequence.
     pub seed: u64,
+    /// Count failed operations instead of stopping at the first (members and leaders fail).
+    pub tolerant: bool,
+    /// Make some puts lease-backed, on short leases that expire while the churn runs.
+    pub leases: bool,
 }
 
 impl Churn {
     /// `ops` operations at `rate` per second over `keyspace` keys under `prefix`, seed 1.
     pub fn new(prefix: &str, ops: usize, rate: u32, keyspace: usize) -> Churn {
-        Churn { prefix: prefix.to_owned(), ops, rate, keyspace, value_size: 64, seed: 1 }
+        Churn {
+            prefix: prefix.to_owned(),
+            ops,
+            rate,
+            keyspace,
+            value_size: 64,
+            seed: 1,
+            tolerant: false,
+            leases: false,
+        }
     }
 
     /// Another value size.
@@ -60,16 +73,29 @@ impl Churn {
         self
     }
 
+    /// Counts failed operations instead of stopping at the first.
+    pub fn tolerant(mut self) -> Churn {
+        self.tolerant = true;
+        self
+    }
+
+    /// Puts some keys on 5-second leases (their expiry deletes them in the source).
+    pub fn with_leases(mut self) -> Churn {
+        self.leases = true;
+        self
+    }
+
     fn key(&self, i: u64) -> String {
         format!("{}c-{:07}", self.prefix, i % self.keyspace.max(1) as u64)
     }
 
-    /// The `n`th operation of the sequence: 55% puts, 20% deletes, 15% Txns of 2-8 puts,
-    /// 10% range deletes of up to 16 neighbouring keys.
+    /// The `n`th operation of the sequence: 55% puts (5 of them leased with `leases`), 20%
+    /// deletes, 15% Txns of 2-8 puts, 10% range deletes of up to 16 neighbouring keys.
     fn op(&self, rng: &mut SplitMix64, n: usize) -> ChurnOp {
         let value = format!("{n}:{}", "v".repeat(self.value_size.saturating_sub(8)));
         let k = rng.next();
         match rng.next() % 100 {
+            0..5 if self.leases => ChurnOp::LeasedPut(self.key(k), value),
             0..55 => ChurnOp::Put(self.key(k), value),
             55..75 => ChurnOp::Delete(self.key(k)),
             75..90 => {
@@ -93,19 +119,27 @@ impl Churn {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut tasks = tokio::task::JoinSet::new();
+            let mut failed = 0;
+            let mut judge = |done: Result<anyhow::Result<()>, tokio::task::JoinError>| match done? {
+                Err(_) if self.tolerant => {
+                    failed += 1;
+                    anyhow::Ok(())
+                }
+                other => other,
+            };
             for n in 0..self.ops {
                 tick.tick().await;
                 let op = self.op(&mut rng, n);
                 let mut c = client.clone();
                 tasks.spawn(async move { op.run(&mut c).await });
                 while let Some(done) = tasks.try_join_next() {
-                    done??;
+                    judge(done)?;
                 }
             }
             while let Some(done) = tasks.join_next().await {
-                done??;
+                judge(done)?;
             }
-            Ok(ChurnReport { ops: self.ops })
+            Ok(ChurnReport { ops: self.ops - failed, failed })
         })
     }
 }
@@ -115,10 +149,14 @@ impl Churn {
 pub struct ChurnReport {
     /// Operations that were acknowledged.
     pub ops: usize,
+    /// Operations that failed (only a tolerant churn counts them; they may or may not have
+    /// landed).
+    pub failed: usize,
 }
 
 enum ChurnOp {
     Put(String, String),
+    LeasedPut(String, String),
     Delete(String),
     Txn(Vec<(String, String)>),
     DeleteRange(String, String),
@@ -128,6 +166,10 @@ impl ChurnOp {
     async fn run(self, c: &mut Client) -> anyhow::Result<()> {
         match self {
             ChurnOp::Put(k, v) => drop(c.put(k, v, None).await?),
+            ChurnOp::LeasedPut(k, v) => {
+                let lease = c.lease_grant(5, None).await?.id();
+                drop(c.put(k, v, Some(PutOptions::new().with_lease(lease))).await?)
+            }
             ChurnOp::Delete(k) => drop(c.delete(k, None).await?),
             ChurnOp::Txn(puts) => {
                 // One key once per Txn (etcd refuses duplicates).

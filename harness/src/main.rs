@@ -1,7 +1,8 @@
 //! `harness`: start real etcd for people, not only for tests.
 //!
 //! `harness demo` starts a local source and target etcd and prints how to reach them and a
-//! ready-to-use agent config. `harness bench` prints performance figures.
+//! ready-to-use agent config. `harness scenario FILE` runs a scenario file (SPEC §8).
+//! `harness bench` prints performance figures.
 
 use clap::{Parser, Subcommand};
 use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
@@ -26,6 +27,20 @@ enum Command {
         /// Seed the source with this many keys under /demo/.
         #[arg(long, default_value_t = 1000)]
         keys: usize,
+    },
+    /// Run a scenario file (SPEC §8); exit 0 only when every step and check passed.
+    Scenario {
+        /// The scenario file.
+        file: std::path::PathBuf,
+        /// Overrides the file's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// On failure, leave the clusters up and print how to reach them (until Ctrl-C).
+        #[arg(long)]
+        keep: bool,
+        /// Where etcd runs: process or container (default: container when Docker answers).
+        #[arg(long)]
+        backend: Option<String>,
     },
     /// Print performance figures, each next to a baseline measured in the same run.
     Bench {
@@ -61,9 +76,26 @@ fn version(v: &str) -> anyhow::Result<EtcdVersion> {
     }
 }
 
+fn backend(b: &str) -> anyhow::Result<harness::Backend> {
+    match b {
+        "process" => Ok(harness::Backend::Process),
+        "container" => Ok(harness::Backend::Container),
+        other => anyhow::bail!("unknown backend {other:?} (process or container)"),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Scenario { file, seed, keep, backend: b } => {
+            let opts =
+                harness::scenario::RunOptions { seed, keep, backend: b.as_deref().map(backend).transpose()? };
+            if let Err(e) = harness::scenario::run_file(&file, &opts).await {
+                eprintln!("scenario failed: {e:#}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Demo { source_version, target_version, keys } => {
             demo(version(&source_version)?, version(&target_version)?, keys).await
         }

@@ -5,10 +5,16 @@
 //! connections and new connections are accepted but never answered. Nothing is reset, so the
 //! client has to notice by itself (gRPC keepalive), exactly as it would in production. On heal
 //! the blackholed connections are closed (their streams lost bytes and cannot continue) and new
-//! connections are relayed again.
+//! connections are relayed again. A delay holds every chunk for that long before passing it on,
+//! both ways (a slow or distant link).
 
 use std::net::SocketAddr;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -18,6 +24,7 @@ use tokio::task::JoinHandle;
 pub struct FaultProxy {
     addr: SocketAddr,
     cut: watch::Sender<bool>,
+    delay_ms: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
@@ -28,13 +35,15 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (cut, _) = watch::channel(false);
         let state = cut.clone();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = delay_ms.clone();
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let _ = inbound.set_nodelay(true);
-                tokio::spawn(relay(inbound, upstream, state.subscribe()));
+                tokio::spawn(relay(inbound, upstream, state.subscribe(), delay.clone()));
             }
         });
-        Ok(FaultProxy { addr, cut, accept })
+        Ok(FaultProxy { addr, cut, delay_ms, accept })
     }
 
     /// The address clients should dial.
@@ -52,9 +61,15 @@ impl FaultProxy {
         self.cut.send_replace(true);
     }
 
-    /// Closes blackholed connections and relays again.
+    /// Closes blackholed connections, ends any delay and relays again.
     pub fn heal(&self) {
+        self.delay_ms.store(0, Ordering::Relaxed);
         self.cut.send_replace(false);
+    }
+
+    /// Holds every chunk, both ways, for `delay` before passing it on (zero: none).
+    pub fn delay(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Whether the proxy is cut now.
@@ -71,7 +86,12 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn relay(mut inbound: TcpStream, upstream: SocketAddr, mut cut: watch::Receiver<bool>) {
+async fn relay(
+    mut inbound: TcpStream,
+    upstream: SocketAddr,
+    mut cut: watch::Receiver<bool>,
+    delay: Arc<AtomicU64>,
+) {
     if *cut.borrow_and_update() {
         // Accepted during a cut: hold the socket silently until heal, then drop it.
         let _ = cut.wait_for(|c| !*c).await;
@@ -79,12 +99,37 @@ async fn relay(mut inbound: TcpStream, upstream: SocketAddr, mut cut: watch::Rec
     }
     let Ok(mut outbound) = TcpStream::connect(upstream).await else { return };
     let _ = outbound.set_nodelay(true);
+    let (mut in_read, mut in_write) = inbound.split();
+    let (mut out_read, mut out_write) = outbound.split();
     let blackholed = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+        _ = pump(&mut in_read, &mut out_write, &delay) => false,
+        _ = pump(&mut out_read, &mut in_write, &delay) => false,
         _ = cut.wait_for(|c| *c) => true,
     };
     if blackholed {
         // Keep both sockets open and move no bytes until heal.
         let _ = cut.wait_for(|c| !*c).await;
+    }
+}
+
+/// Copies `from` to `to` until either ends, holding each chunk for the current delay.
+async fn pump<R, W>(from: &mut R, to: &mut W, delay: &AtomicU64)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let ms = delay.load(Ordering::Relaxed);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }

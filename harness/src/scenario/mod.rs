@@ -66,3 +66,12 @@ pub async fn g3_of(source: &EtcdCluster, target: &EtcdCluster, config: &AgentCon
     let (mut s, mut t) = (source.client().await?, target.client().await?);
     check_g3(&mut s, &mut t, &parsed.rewriter(), &parsed.checkpoint_key()).await
 }
+
+mod file;
+mod run;
+
+pub use file::{
+    parse_condition, parse_until, MemberRef, RevisionRef, Scenario, SideName, SideSpec, Signal, Step, StepAt,
+    Until,
+};
+pub use run::{run, run_file, RunOptions};

@@ -1,9 +1,13 @@
 //! The scenario file format of SPEC §8, parsed strictly: an unknown key or step kind is an
 //! error that names its line, so a typo never turns a check into a no-op.
 //!
-//! Two additions beyond SPEC §8, both optional: `wait until = "background"` waits for every
-//! background step to finish, and any step may say `g3_checker = false` (or `true`) to pause
-//! (or resume) the continuous G3 checker from that step on.
+//! Additions beyond SPEC §8, all optional, so files written to SPEC §8 run unchanged:
+//! - `wait until = "background"` waits for every background step to finish;
+//! - any step may say `g3_checker = false` (or `true`) to pause (or resume) the continuous G3
+//!   checker from that step on;
+//! - `load`, `put` and `del` take `side = "target"` (keys relative to `target.prefix`), and
+//!   `put`/`del` take `checkpoint = true` for the link's checkpoint key (a corrupt-checkpoint
+//!   scenario writes it).
 
 use std::fmt;
 
@@ -163,6 +167,15 @@ fn sixty() -> HumanDuration {
 fn is_a(id: &String) -> bool {
     id == "a"
 }
+fn source_side() -> SideName {
+    SideName::Source
+}
+fn is_source(side: &SideName) -> bool {
+    *side == SideName::Source
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }
@@ -174,6 +187,9 @@ fn is_zero(n: &i32) -> bool {
 pub enum Step {
     /// `keys` keys of `value_size` bytes under `prefix`, 128 per Txn.
     Load {
+        /// Which side (default source).
+        #[serde(default = "source_side", skip_serializing_if = "is_source")]
+        side: SideName,
         /// How many.
         keys: usize,
         /// Bytes per value.
@@ -200,8 +216,15 @@ pub enum Step {
     },
     /// One put.
     Put {
+        /// Which side (default source).
+        #[serde(default = "source_side", skip_serializing_if = "is_source")]
+        side: SideName,
         /// The key.
-        key: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        /// The checkpoint key instead of `key`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        checkpoint: bool,
         /// The value (default: `value_size` bytes of `v`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         value: Option<String>,
@@ -211,6 +234,12 @@ pub enum Step {
     },
     /// Delete one key or a prefix.
     Del {
+        /// Which side (default source).
+        #[serde(default = "source_side", skip_serializing_if = "is_source")]
+        side: SideName,
+        /// The checkpoint key.
+        #[serde(default, skip_serializing_if = "is_false")]
+        checkpoint: bool,
         /// One key.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
@@ -552,8 +581,13 @@ fn check_step(step: &Step) -> anyhow::Result<()> {
         _ => Ok(()),
     };
     match step {
-        Step::Del { key, prefix } if key.is_some() == prefix.is_some() => {
-            bail!("del: give exactly one of key and prefix")
+        Step::Del { key, prefix, checkpoint, .. }
+            if usize::from(key.is_some()) + usize::from(prefix.is_some()) + usize::from(*checkpoint) != 1 =>
+        {
+            bail!("del: give exactly one of key, prefix and checkpoint = true")
+        }
+        Step::Put { key, checkpoint, .. } if key.is_some() == *checkpoint => {
+            bail!("put: give exactly one of key and checkpoint = true")
         }
         Step::KillMember { member: m, .. }
         | Step::StopMember { member: m, .. }
@@ -670,7 +704,10 @@ forced_resyncs = 0
         let kinds: Vec<&str> = s.steps.iter().map(|s| s.step.kind()).collect();
         assert_eq!(kinds, ["load", "start_agent", "wait", "compact", "expect"]);
         assert_eq!(s.steps[0].line, 21, "the line of its [[step]] header");
-        assert_eq!(s.steps[0].step, Step::Load { keys: 20_000, value_size: 256, prefix: String::new() });
+        assert_eq!(
+            s.steps[0].step,
+            Step::Load { side: SideName::Source, keys: 20_000, value_size: 256, prefix: String::new() }
+        );
         assert_eq!(
             s.steps[3].step,
             Step::Compact { side: SideName::Source, revision: RevisionRef::Named("current".into()) }
@@ -709,7 +746,14 @@ forced_resyncs = 0
     fn steps_round_trip() {
         let steps = vec![
             Step::Churn { ops: 10, rate: 5, keyspace: 3, value_size: 100, prefix: "c/".into() },
-            Step::Del { key: None, prefix: Some("big/".into()) },
+            Step::Del { side: SideName::Source, checkpoint: false, key: None, prefix: Some("big/".into()) },
+            Step::Put {
+                side: SideName::Target,
+                key: None,
+                checkpoint: true,
+                value: Some("{".into()),
+                value_size: 1,
+            },
             Step::StopAgent { id: "b".into(), signal: Signal::Stop },
             Step::KillMember { side: SideName::Target, member: MemberRef::Named("leader".into()) },
             Step::Sleep { for_: HumanDuration(Duration::from_millis(1500)) },

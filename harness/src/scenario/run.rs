@@ -238,6 +238,8 @@ impl<'a> Run<'a> {
         let (step, mut src, seed) = (at.step.clone(), self.src.clone(), self.seed + index as u64);
         let mut dst = self.target.client().await?;
         let prefix = self.scenario.source_prefix().to_owned();
+        let target_prefix = self.scenario.target_prefix().to_owned();
+        let checkpoint = self.base.parsed()?.checkpoint_key();
         Ok(tokio::spawn(async move {
             match step {
                 Step::Compact { side: SideName::Target, revision } => compact(&mut dst, &revision).await,
@@ -246,7 +248,12 @@ impl<'a> Run<'a> {
                     tokio::time::sleep(for_.get()).await;
                     Ok(String::new())
                 }
-                step => source_step(&mut src, &prefix, seed, &step).await,
+                step @ (Step::Load { side: SideName::Target, .. }
+                | Step::Put { side: SideName::Target, .. }
+                | Step::Del { side: SideName::Target, .. }) => {
+                    write_step(&mut dst, &target_prefix, &checkpoint, seed, &step).await
+                }
+                step => write_step(&mut src, &prefix, &checkpoint, seed, &step).await,
             }
         }))
     }
@@ -255,13 +262,22 @@ impl<'a> Run<'a> {
     async fn step(&mut self, index: usize, at: &StepAt) -> anyhow::Result<String> {
         let seed = self.seed + index as u64;
         match &at.step {
+            step @ (Step::Load { side: SideName::Target, .. }
+            | Step::Put { side: SideName::Target, .. }
+            | Step::Del { side: SideName::Target, .. }) => {
+                let prefix = self.scenario.target_prefix().to_owned();
+                let checkpoint = self.base.parsed()?.checkpoint_key();
+                let mut dst = self.target.client().await?;
+                write_step(&mut dst, &prefix, &checkpoint, seed, step).await
+            }
             step @ (Step::Load { .. }
             | Step::Churn { .. }
             | Step::Put { .. }
             | Step::Del { .. }
             | Step::Txn { .. }) => {
                 let prefix = self.scenario.source_prefix().to_owned();
-                source_step(&mut self.src, &prefix, seed, step).await
+                let checkpoint = self.base.parsed()?.checkpoint_key();
+                write_step(&mut self.src, &prefix, &checkpoint, seed, step).await
             }
             Step::StartAgent { id, epoch, toml } => self.start_agent(id, *epoch, toml.as_deref()).await,
             Step::StopAgent { id, signal } => self.stop_agent(id, *signal).await,
@@ -643,11 +659,22 @@ async fn compact(client: &mut Client, revision: &RevisionRef) -> anyhow::Result<
     Ok(format!("at {rev}"))
 }
 
-/// Steps that write the source: `load`, `churn`, `put`, `del`, `txn`.
-async fn source_step(src: &mut Client, prefix: &str, seed: u64, step: &Step) -> anyhow::Result<String> {
+/// Steps that write one side (`client`, keys under `prefix`): `load`, `churn`, `put`, `del`,
+/// `txn`.
+async fn write_step(
+    src: &mut Client,
+    prefix: &str,
+    checkpoint: &[u8],
+    seed: u64,
+    step: &Step,
+) -> anyhow::Result<String> {
+    let key = |k: &Option<String>| match k {
+        Some(k) => format!("{prefix}{k}").into_bytes(),
+        None => checkpoint.to_vec(),
+    };
     let value = |n: usize| "v".repeat(n);
     match step {
-        Step::Load { keys, value_size, prefix: sub } => {
+        Step::Load { keys, value_size, prefix: sub, .. } => {
             let rev = load_keys(src, &format!("{prefix}{sub}"), *keys, *value_size).await?;
             Ok(format!("to revision {rev}"))
         }
@@ -661,18 +688,17 @@ async fn source_step(src: &mut Client, prefix: &str, seed: u64, step: &Step) -> 
                 .await??;
             Ok(format!("{} ops acknowledged, {} failed", report.ops, report.failed))
         }
-        Step::Put { key, value: v, value_size } => {
+        Step::Put { key: k, value: v, value_size, .. } => {
             let v = v.clone().unwrap_or_else(|| value(*value_size));
-            let rev = src.put(format!("{prefix}{key}"), v, None).await?.header().map_or(0, |h| h.revision());
+            let rev = src.put(key(k), v, None).await?.header().map_or(0, |h| h.revision());
             Ok(format!("at {rev}"))
         }
-        Step::Del { key, prefix: sub } => {
-            let resp = match (key, sub) {
-                (Some(k), _) => src.delete(format!("{prefix}{k}"), None).await?,
-                (None, Some(p)) => {
+        Step::Del { key: k, prefix: sub, .. } => {
+            let resp = match sub {
+                Some(p) => {
                     src.delete(format!("{prefix}{p}"), Some(DeleteOptions::new().with_prefix())).await?
                 }
-                (None, None) => bail!("del needs a key or a prefix"),
+                None => src.delete(key(k), None).await?,
             };
             Ok(format!("{} keys deleted", resp.deleted()))
         }

@@ -83,3 +83,39 @@ async fn a_higher_epoch_keeps_claiming_through_lost_races() {
     let stored = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
     assert!(matches!(stored, Observed::Present { record, .. } if record.epoch == 2));
 }
+
+/// A commit whose answer is lost but which landed (the target stalled past the request
+/// timeout, then applied it) is retried with the same bytes and adopted: the writer goes on. It
+/// used to send each try with a fresh commit id, so the retry found "another writer of our
+/// epoch" and parked a healthy agent in standby (`EpochRegressed`; found by
+/// `harness/scenarios/target-paused.toml`).
+#[tokio::test]
+async fn a_retried_commit_that_had_landed_is_adopted() {
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let proxies = target.proxies().await.unwrap();
+    let through = etcd_client::Client::connect(proxies.endpoints(), None).await.unwrap();
+    let mut direct = target.client().await.unwrap();
+    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
+    let timeout = Duration::from_secs(1);
+    let mut writer =
+        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+
+    // Every chunk is held 1.5 s: the request times out here but reaches etcd and lands.
+    proxies.delay(Duration::from_millis(1_500));
+    let put = || vec![etcd_client::TxnOp::put("/f/landed", "1", None)];
+    let first = writer.commit(put(), Some(record(20))).await;
+    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = read_checkpoint(&mut direct.kv_client(), &key, timeout).await.unwrap();
+    let Observed::Present { record: landed, .. } = stored else { panic!("no checkpoint") };
+    assert_eq!(landed.watermark, 20, "the timed-out commit landed (the test needs it to)");
+
+    proxies.heal();
+    let retried = writer.commit(put(), Some(record(20))).await;
+    assert!(retried.is_ok(), "the retry adopts the landed commit: {retried:?}");
+    assert_eq!(writer.record().watermark, 20);
+    writer.commit(Vec::new(), Some(record(21))).await.expect("and the writer goes on");
+    assert_eq!(direct.get("/f/landed", None).await.unwrap().kvs().len(), 1);
+}

@@ -10,9 +10,10 @@
 //!
 //! ## Retry ownership
 //! A Txn whose answer was lost (timeout, broken connection) may or may not have landed. The
-//! caller retries the *same* commit. If it had landed, the retry's compare fails; the writer then
-//! re-reads the key and, finding exactly the bytes it wrote, adopts them as committed (the
-//! ambiguous-commit rule of SPEC §6). Data-only Txns are idempotent puts and deletes of whole
+//! caller retries the *same* commit, and the writer sends it with the same commit id, so with
+//! the same bytes. If it had landed, the retry's compare fails; the writer then re-reads the key
+//! and, finding exactly the bytes it wrote, adopts them as committed (the ambiguous-commit rule
+//! of SPEC §6). Data-only Txns are idempotent puts and deletes of whole
 //! revisions, so re-applying them is harmless.
 //!
 //! ## Compare failures
@@ -205,6 +206,9 @@ pub struct FencedWriter {
     timeout: Duration,
     /// The target's `--max-txn-ops` per nesting level.
     max_txn_ops: usize,
+    /// The last commit whose Txn failed without an answer that settles it (timeout, lost
+    /// connection): the record as the caller gave it and the commit id it was sent with.
+    unsettled: Option<(Checkpoint, String)>,
 }
 
 impl FencedWriter {
@@ -283,6 +287,7 @@ impl FencedWriter {
             record,
             timeout,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            unsettled: None,
         }
     }
 
@@ -326,9 +331,18 @@ impl FencedWriter {
     /// One fenced Txn: `ops` and, when `next` is given, the checkpoint put, all or nothing.
     /// Returns the target revision of the Txn.
     pub async fn commit(&mut self, ops: Vec<TxnOp>, next: Option<Checkpoint>) -> Result<i64, FenceError> {
-        // Each attempt's bytes are unique, so adopting "our" ambiguous commit is never a mistake.
+        // Each commit's bytes are unique to this process and commit, so adopting "our" ambiguous
+        // commit is never a mistake. A retry of a commit whose answer was lost (the same record
+        // again, right after the failure) is sent with the *same* commit id: if the first try
+        // landed, the retry's compare fails and the re-read finds exactly these bytes. A fresh
+        // id per try made that landed first try look like another writer of our epoch
+        // (EpochRegressed), which parked a healthy agent in standby after a target stall.
+        let given = next.clone();
         let next = next.map(|mut n| {
-            n.commit = next_commit_id();
+            n.commit = match &self.unsettled {
+                Some((record, id)) if *record == n => id.clone(),
+                _ => next_commit_id(),
+            };
             n
         });
         let next_bytes = next.as_ref().map(Checkpoint::encode);
@@ -337,7 +351,18 @@ impl FencedWriter {
             all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
         }
         let txn = guarded(&self.key, self.mod_revision, all);
-        let resp = unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await?;
+        let resp = match unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await {
+            Ok(resp) => {
+                self.unsettled = None;
+                resp
+            }
+            Err(e) => {
+                // Reusing the id after a failure that did settle it (nothing landed) is
+                // harmless: no stored bytes can match a write that never happened.
+                self.unsettled = given.zip(next.map(|n| n.commit));
+                return Err(e.into());
+            }
+        };
         let revision = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
             if let Some(next) = next {
@@ -346,6 +371,7 @@ impl FencedWriter {
             }
             return Ok(revision);
         }
+        self.unsettled = None;
         self.judge_failed_compare(next_bytes.as_deref(), next).await
     }
 

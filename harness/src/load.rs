@@ -5,18 +5,22 @@ use std::time::Duration;
 
 use etcd_client::{Client, DeleteOptions, PutOptions, Txn, TxnOp};
 
-/// Puts `n` keys `prefix + "key-%08d"` with `value_size`-byte values in 128-op Txns; returns the
-/// revision after the last write.
+/// Puts `n` keys `prefix + "key-%08d"` with `value_size`-byte values, up to 128 per Txn and
+/// about 1 MiB per Txn (so values of hundreds of KiB load too); returns the revision after the
+/// last write.
 pub async fn load_keys(
     client: &mut Client,
     prefix: &str,
     n: usize,
     value_size: usize,
 ) -> anyhow::Result<i64> {
+    // Up to 128 puts and about 1 MiB per Txn: etcd's defaults refuse more ops or bytes.
+    const TXN_BYTES: usize = 1 << 20;
+    let per_txn = (TXN_BYTES / (value_size + 32).max(1)).clamp(1, 128);
     let mut rev = 0;
     let value = vec![b'v'; value_size];
-    for start in (0..n).step_by(128) {
-        let ops: Vec<TxnOp> = (start..(start + 128).min(n))
+    for start in (0..n).step_by(per_txn) {
+        let ops: Vec<TxnOp> = (start..(start + per_txn).min(n))
             .map(|i| TxnOp::put(format!("{prefix}key-{i:08}"), value.clone(), None))
             .collect();
         let resp = client.txn(Txn::new().and_then(ops)).await?;

@@ -12,8 +12,10 @@
 //! - [`pki`]: a throwaway CA with server and client certificates; [`ClusterSpec::tls`] makes a
 //!   cluster serve them and require client certificates.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
-//! - [`scenario`]: the waits, counts and checks scenario tests share; [`bench`](mod@bench): the figures
-//!   `harness bench` prints, each next to a baseline from the same run.
+//! - [`scenario`]: scenario files (SPEC §8) and their runner, and the waits, counts and checks
+//!   scenario tests share; [`chaos`]: random fault schedules written as scenario files;
+//!   [`bench`](mod@bench): the figures `harness bench` prints, each next to a baseline from the
+//!   same run.
 //!
 //! ## What it deliberately does not do
 //! It never links the agent's engine: scenarios drive the `mirror-agent` *binary*, as an
@@ -21,6 +23,7 @@
 
 mod agent;
 pub mod bench;
+pub mod chaos;
 mod check;
 mod container;
 mod etcd;

@@ -42,6 +42,22 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
+    /// Random faults over churn, from a seed; ends healed with expect equal and verify. On
+    /// failure the schedule is written to chaos-SEED.toml for `harness scenario`.
+    Chaos {
+        /// The seed of the schedule.
+        #[arg(long)]
+        seed: u64,
+        /// How long the faults go on (e.g. 60s, 5m).
+        #[arg(long, default_value = "60s")]
+        duration: humantime::Duration,
+        /// Faults to pick from, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        faults: Vec<String>,
+        /// Where etcd runs: process or container (default: container when Docker answers).
+        #[arg(long)]
+        backend: Option<String>,
+    },
     /// Print performance figures, each next to a baseline measured in the same run.
     Bench {
         /// Keys for the write ceiling and the agent's initial sync.
@@ -98,6 +114,24 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Demo { source_version, target_version, keys } => {
             demo(version(&source_version)?, version(&target_version)?, keys).await
+        }
+        Command::Chaos { seed, duration, faults, backend: b } => {
+            let faults = if faults.is_empty() {
+                harness::chaos::Fault::ALL.iter().map(|(f, _)| *f).collect()
+            } else {
+                faults.iter().map(|f| harness::chaos::Fault::parse(f)).collect::<anyhow::Result<Vec<_>>>()?
+            };
+            let opts = harness::scenario::RunOptions {
+                seed: None,
+                keep: false,
+                backend: b.as_deref().map(backend).transpose()?,
+            };
+            let dir = std::env::current_dir()?;
+            if let Err(e) = harness::chaos::run(seed, *duration, &faults, dir, &opts).await {
+                eprintln!("chaos failed: {e:#}");
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Bench { keys, value_size, make_mirror_keys, tail_rate, tail_seconds, nested, plot } => {
             harness::bench::run(harness::bench::BenchPlan {

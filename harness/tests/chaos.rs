@@ -1,6 +1,6 @@
 //! One randomized chaos run with a fixed seed, as CI runs it: 60 s of faults of every kind over
 //! churn on 3-member clusters, ending healed, equal and verified (`harness chaos --seed 42`).
-//! A failure leaves the schedule as `chaos-42.toml` in the test's working directory.
+//! A failure leaves the schedule as `chaos-42.toml` in the system temp directory.
 
 use std::time::Duration;
 

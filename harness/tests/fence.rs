@@ -49,39 +49,51 @@ async fn identical_records_of_two_writers_are_never_adopted() {
     );
 }
 
-/// A higher epoch claiming while a lower-epoch writer keeps rewriting the record wins once the
-/// other stops, however many races it loses first; it used to give up after three and report
-/// `EpochRegressed` although its epoch was the higher one (defect #8 of issue 10).
+/// A higher epoch claiming while a lower-epoch writer keeps committing wins, however many races
+/// it loses first (it used to give up after three and report `EpochRegressed` although its
+/// epoch was the higher one: defect #8 of issue 10). Each lost race that moved the record is
+/// `Raced`, and the claimer plans again from a fresh read, as the engine does: the record it
+/// wins with carries the busy writer's last watermark, and that writer's next commit is fenced.
 #[tokio::test]
 async fn a_higher_epoch_keeps_claiming_through_lost_races() {
     let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
     let client = target.client().await.unwrap();
     let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
     let timeout = Duration::from_secs(5);
-    let racer = {
-        let mut kv = client.kv_client();
-        let key = key.clone();
-        tokio::spawn(async move {
-            let until = tokio::time::Instant::now() + Duration::from_secs(2);
-            let mut n = 0i64;
-            while tokio::time::Instant::now() < until {
-                n += 1;
-                kv.put(key.clone(), record(n).encode(), None).await.unwrap();
+    let mut busy = FencedWriter::claim(client.kv_client(), key.clone(), Observed::Absent, record(0), timeout)
+        .await
+        .unwrap();
+    let racer = tokio::spawn(async move {
+        let mut n = 0i64;
+        loop {
+            match busy.commit(Vec::new(), Some(record(n + 1))).await {
+                Ok(_) => n += 1,
+                Err(e) => return (n, e),
             }
-            n
-        })
-    };
+        }
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let observed = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
-    let mut ours = record(0);
-    ours.epoch = 2;
-    let writer = FencedWriter::claim(client.kv_client(), key.clone(), observed, ours, timeout).await;
-    let races = racer.await.unwrap();
-    let writer =
-        writer.unwrap_or_else(|e| panic!("epoch 2 gave up against epoch 1 ({races} racing writes): {e}"));
+    let mut raced = 0;
+    let writer = loop {
+        let observed = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
+        let mut ours = match &observed {
+            Observed::Present { record, .. } => record.clone(),
+            Observed::Absent => record(0),
+        };
+        ours.epoch = 2;
+        match FencedWriter::claim(client.kv_client(), key.clone(), observed, ours, timeout).await {
+            Err(FenceError::Raced) => raced += 1,
+            other => break other.unwrap_or_else(|e| panic!("epoch 2 gave up against epoch 1: {e}")),
+        }
+    };
+    let (last, fenced) = tokio::time::timeout(Duration::from_secs(10), racer).await.unwrap().unwrap();
+    assert!(matches!(fenced, FenceError::FencedByNewerEpoch { stored: 2, ours: 1 }), "{fenced:?}");
     assert_eq!(writer.record().epoch, 2);
-    let stored = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
-    assert!(matches!(stored, Observed::Present { record, .. } if record.epoch == 2));
+    assert_eq!(
+        writer.record().watermark,
+        last,
+        "the claim carries the busy writer's last watermark ({raced} races)"
+    );
 }
 
 /// A commit whose answer is lost but which landed (the target stalled past the request
@@ -118,4 +130,34 @@ async fn a_retried_commit_that_had_landed_is_adopted() {
     assert_eq!(writer.record().watermark, 20);
     writer.commit(Vec::new(), Some(record(21))).await.expect("and the writer goes on");
     assert_eq!(direct.get("/f/landed", None).await.unwrap().kvs().len(), 1);
+}
+
+/// A claim planned from a read that the running writer has since moved past fails with
+/// `Raced` (the engine plans again from a fresh read) instead of writing its stale plan: it
+/// used to retry with the old record and rewind the checkpoint below data already applied
+/// (found by `harness chaos --seed 42`, a fence bump under churn).
+#[tokio::test]
+async fn a_claim_never_rewinds_a_moving_checkpoint() {
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let client = target.client().await.unwrap();
+    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
+    let timeout = Duration::from_secs(5);
+    let mut running =
+        FencedWriter::claim(client.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+    let stale = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
+    running.commit(Vec::new(), Some(record(11))).await.unwrap();
+
+    let mut planned = record(10);
+    planned.epoch = 2;
+    let outcome = FencedWriter::claim(client.kv_client(), key.clone(), stale, planned, timeout).await;
+    assert!(
+        matches!(outcome, Err(FenceError::Raced)),
+        "{:?}",
+        outcome.as_ref().map(|w| w.record().watermark)
+    );
+    let now = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
+    let Observed::Present { record: stored, .. } = now else { panic!("no checkpoint") };
+    assert_eq!((stored.watermark, stored.epoch), (11, 1), "nothing rewound");
 }

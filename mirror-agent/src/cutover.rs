@@ -50,6 +50,9 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     }
     config.mode = Mode::Drain;
     config.epoch = record.epoch as i64 + 1;
+    // The cutover claims the fence outright; it never campaigns (a running HA leader is
+    // fenced by the higher epoch like any other writer, and a promoted target stops them all).
+    config.ha.enabled = false;
     eprintln!(
         "cutover: claiming the fence with epoch {} (a running agent of epoch {} stands by)",
         config.epoch, record.epoch

@@ -153,6 +153,12 @@ impl Collector for StatusCollector {
         gauge(&mut e, "fenced", "1 while another writer holds the fence", flag(ConditionType::Fenced))?;
         gauge(
             &mut e,
+            "ha_leader",
+            "1 while this agent leads the HA election (0 on a standby; absent with ha off)",
+            i64::from(s.ha.as_ref().is_some_and(|h| h.leader)),
+        )?;
+        gauge(
+            &mut e,
             "cutover_ready",
             "1 once drained, verified and promoted",
             flag(ConditionType::CutoverReady),

@@ -485,15 +485,13 @@ impl Config {
             }
         }
 
-        if self.ha.enabled {
-            // Accepting it and running unelected would give two "HA" agents a takeover fight.
-            v.add(
-                "ha.enabled",
-                "is not supported by this build yet (run one agent per link; a second one is a cold standby)",
-            );
-        }
-        if self.ha.lease_ttl.get().as_secs() < 2 {
+        let ttl = self.ha.lease_ttl.get();
+        if ttl.as_secs() < 2 {
             v.add("ha.lease_ttl", "must be >= 2s (etcd's smallest useful lease)");
+        } else if ttl.as_secs() > 300 {
+            v.add("ha.lease_ttl", "must be <= 300s (a standby waits this long after a leader dies)");
+        } else if ttl.subsec_nanos() != 0 {
+            v.add("ha.lease_ttl", "must be whole seconds (etcd leases count seconds)");
         }
         if self.http.listen.parse::<SocketAddr>().is_err() {
             v.add("http.listen", "must be an address and port, e.g. \"127.0.0.1:8080\"");

@@ -115,6 +115,19 @@ pub struct LastReconcile {
     pub duration_seconds: f64,
 }
 
+/// `ha` of /statusz, present when `ha.enabled`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaStatus {
+    /// Whether this agent leads the election (and so may write).
+    pub leader: bool,
+    /// The agent id of the leader, as far as this agent knows.
+    pub leader_agent_id: Option<String>,
+    /// This agent's election lease while it campaigns or leads.
+    pub lease_id: i64,
+    /// The epoch of this agent's current or last term as leader (0: never led).
+    pub term: u64,
+}
+
 /// The cutover record (drain mode).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CutoverStatus {
@@ -289,6 +302,9 @@ pub struct Status {
     pub cutover: Option<CutoverStatus>,
     /// The last error.
     pub last_error: Option<LastError>,
+    /// The HA election, when `ha.enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<HaStatus>,
     /// Since when the watermark trails the source revision (wall clock, not served).
     #[serde(skip)]
     pub behind_since: Option<SystemTime>,

@@ -26,6 +26,7 @@
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
 mod checkpoint;
+pub mod election;
 mod nest;
 mod observer;
 mod writer;

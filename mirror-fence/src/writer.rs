@@ -45,6 +45,21 @@ fn guarded(key: &[u8], mod_revision: i64, ops: Vec<TxnOp>) -> Txn {
     Txn::new().when([Compare::mod_revision(key.to_vec(), CompareOp::Equal, mod_revision)]).and_then(ops)
 }
 
+/// What a claim plans from: everything in a stored record but who wrote it (epoch, agent,
+/// commit id).
+fn replication_state(observed: &Observed) -> Option<Checkpoint> {
+    match observed {
+        Observed::Absent => None,
+        Observed::Present { record, .. } => {
+            let mut state = record.clone();
+            state.epoch = 0;
+            state.agent_id.clear();
+            state.commit.clear();
+            Some(state)
+        }
+    }
+}
+
 /// etcd's default `--max-txn-ops`.
 const DEFAULT_MAX_TXN_OPS: usize = 128;
 
@@ -86,6 +101,11 @@ pub enum FenceError {
     /// The checkpoint cannot be decoded; fail closed.
     #[error("checkpoint is corrupt: {0}")]
     Corrupt(#[from] DecodeError),
+    /// A claim lost a race to a writer that moved the replication state (watermark, scan, ...)
+    /// the claim was planned from: plan again from a fresh read. Claiming anyway with the old
+    /// plan would rewind the checkpoint below data the other writer had already applied.
+    #[error("the checkpoint moved while claiming it; planning again from a fresh read")]
+    Raced,
     /// The Txn itself failed.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
@@ -100,6 +120,7 @@ impl FenceError {
     pub fn class(&self) -> ErrorClass {
         match self {
             FenceError::Etcd(e) => e.class(),
+            FenceError::Raced => ErrorClass::Transient,
             _ => ErrorClass::Permanent,
         }
     }
@@ -123,6 +144,7 @@ impl FenceError {
             FenceError::PrefixConflict { .. } => "PrefixConflict",
             FenceError::CutOver => "TargetPromoted",
             FenceError::FenceLost => "FenceLost",
+            FenceError::Raced => "FenceRaced",
             FenceError::Corrupt(_) => "CorruptCheckpoint",
             FenceError::Etcd(_) => "EtcdError",
             FenceError::TooManyOps(_) => "RevisionTooLarge",
@@ -227,6 +249,7 @@ impl FencedWriter {
         let mut pause =
             mirror_core::ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(1), 2);
         let mut races = 0u32;
+        let planned_from = replication_state(&observed);
         loop {
             let lower_epoch_racing =
                 matches!(&observed, Observed::Present { record: stored, .. } if stored.epoch < record.epoch);
@@ -258,6 +281,12 @@ impl FencedWriter {
                     let revisions = (*mod_revision, *create_revision);
                     return Ok(FencedWriter::holding(kv, key, revisions, record, timeout));
                 }
+            }
+            if replication_state(&observed) != planned_from {
+                // Found by `harness chaos --seed 42`: a fence bump whose claim raced the
+                // running writer rewrote the checkpoint with the watermark it had read before,
+                // below what that writer had applied since (G3 broke until the replay caught up).
+                return Err(FenceError::Raced);
             }
         }
         // Three lost races in a row against a writer of our own epoch.

@@ -88,6 +88,7 @@ use mirror_core::{Action, ConditionType, RetryPolicy};
 
 mod apply;
 mod genesis;
+mod ha;
 mod plan;
 mod probe;
 mod refusal;

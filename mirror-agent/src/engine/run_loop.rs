@@ -3,16 +3,35 @@
 
 use super::*;
 
+/// How a run of the link ended.
+pub(super) enum LinkEnd {
+    /// Shutdown (or, under HA, the end of this agent's term).
+    Stopped,
+    /// Under HA: the fence moved to another writer; the reason of the `Fenced` condition.
+    Fenced(&'static str, String),
+}
+
 impl Engine {
-    /// Runs until shutdown. Transient errors back off and reconnect; permanent ones park the
-    /// engine in `failed` (HTTP keeps serving); fence losses park it in `standby`.
+    /// Runs until shutdown: under HA, campaigns and runs the link while leading
+    /// ([`Engine::run_ha`]); otherwise runs the link, parking in cold standby when fenced.
     pub async fn run(mut self) {
+        if self.cfg.ha.enabled {
+            self.run_ha().await;
+        } else {
+            self.run_link().await;
+        }
+    }
+
+    /// Runs the link until shutdown. Transient errors back off and reconnect; permanent ones
+    /// park the engine in `failed` (HTTP keeps serving); fence losses park it in `standby`, or
+    /// under HA end the run so the agent campaigns again.
+    pub(super) async fn run_link(&mut self) -> LinkEnd {
         let mut pending = Pending::Resume;
         let mut policy = RetryPolicy::new(&self.cfg.sync);
         let mut last_reconnect: Option<Instant> = None;
         loop {
             if self.shutdown.is_cancelled() {
-                return;
+                return LinkEnd::Stopped;
             }
             let result = self.connect_and_run(pending).await;
             pending = Pending::Resume;
@@ -23,14 +42,14 @@ impl Engine {
                 Progress::Live => policy.on_live_progress(),
             }
             let err = match result {
-                Ok(()) | Err(EngineError::Shutdown) => return,
+                Ok(()) | Err(EngineError::Shutdown) => return LinkEnd::Stopped,
                 Err(EngineError::Reconnect(why)) => {
                     info!(why, "reconnecting both sides with the current settings and files");
                     // Immediate once; a reconnect that asks for another within seconds (a
                     // server that takes the handshake but then refuses) waits the initial backoff.
                     if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
                         tokio::select! {
-                            _ = self.shutdown.cancelled() => return,
+                            _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
                             _ = tokio::time::sleep(self.cfg.sync.backoff.initial.get()) => {}
                         }
                     }
@@ -50,12 +69,15 @@ impl Engine {
             match &err {
                 EngineError::Fence(f) if f.standby_reason().is_some() => {
                     let reason = f.standby_reason().unwrap_or("Fenced");
+                    if self.cfg.ha.enabled {
+                        return LinkEnd::Fenced(reason, f.to_string());
+                    }
                     error!(reason, "fenced: {f}; entering cold standby, no further writes");
                     if self.standby(reason, &f.to_string()).await {
                         self.update(|s| s.set_condition(ConditionType::Fenced, false, "TakingOver", ""));
                         continue;
                     }
-                    return;
+                    return LinkEnd::Stopped;
                 }
                 EngineError::RestartGenesis(reason) => {
                     self.note_resync(reason, false);
@@ -91,7 +113,7 @@ impl Engine {
                         });
                     }
                     self.shutdown.cancelled().await;
-                    return;
+                    return LinkEnd::Stopped;
                 }
                 _ => {
                     let delay = match policy.on_error(class) {
@@ -113,7 +135,7 @@ impl Engine {
                         self.set_phase(Phase::Degraded);
                     }
                     tokio::select! {
-                        _ = self.shutdown.cancelled() => return,
+                        _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
                         _ = tokio::time::sleep(delay) => {}
                     }
                 }

@@ -5,7 +5,22 @@ use super::plan::{plan_start, StartFacts, StartPlan};
 use super::*;
 
 impl Run<'_> {
+    /// Reads the checkpoint, plans and claims, and runs the plan. A claim that raced a writer
+    /// who moved the checkpoint plans again from a fresh read (a fence bump against a busy
+    /// writer wins within a few tries; the old writer's next Txn then fails its compare).
     pub(super) async fn start(&mut self, pending: Pending) -> Result<(), EngineError> {
+        loop {
+            match self.start_once(pending).await {
+                Err(EngineError::Fence(FenceError::Raced)) => {
+                    self.engine.stop_if_shutting_down()?;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(&mut self, pending: Pending) -> Result<(), EngineError> {
         let key = self.cfg().checkpoint_key();
         let timeout = self.timeout();
         let observed = read_checkpoint(&mut self.target_kv, &key, timeout).await?;

@@ -1,0 +1,143 @@
+//! HA (SPEC §6, `ha.enabled`): campaign for the link's election on the target, run the link
+//! while leading, stand by while another agent leads.
+//!
+//! The election decides who *tries*; the checkpoint fence decides who *writes*
+//! (`mirror_fence::election`). Each term runs the link under a child of the process's shutdown
+//! token; losing the lease cancels it, so the leader stops writing at once and campaigns again.
+//! Leaving on SIGTERM revokes the lease, so a standby takes over at once instead of after
+//! `lease_ttl` (a rolling restart costs one claim, not a TTL of silence).
+
+use mirror_core::HaStatus;
+use mirror_fence::election::{self, Leadership};
+
+use super::run_loop::LinkEnd;
+use super::*;
+
+/// How often a standby refreshes the leader it reports.
+const LEADER_REFRESH: Duration = Duration::from_secs(2);
+
+impl Engine {
+    /// The HA loop: campaign, lead, and on losing campaign again, until shutdown.
+    pub(super) async fn run_ha(mut self) {
+        let root = self.shutdown.clone();
+        let configured_epoch = self.cfg.epoch;
+        let name = election::election_name(&self.rewriter.reserved_prefix());
+        let mut wait = RetryPolicy::new(&self.cfg.sync);
+        let mut standby_reason =
+            ("AwaitingElection", "another agent of this link leads, or the election is open");
+        self.update(|s| s.ha = Some(HaStatus::default()));
+        loop {
+            self.set_phase(Phase::Standby);
+            self.update(|s| {
+                s.role = "standby".into();
+                s.set_condition(ConditionType::Fenced, true, standby_reason.0, standby_reason.1);
+                if let Some(ha) = s.ha.as_mut() {
+                    ha.leader = false;
+                    ha.lease_id = 0;
+                }
+            });
+            let leadership = tokio::select! {
+                _ = root.cancelled() => return,
+                elected = self.campaign(&name) => elected,
+            };
+            let mut leadership = match leadership {
+                Ok(l) => l,
+                Err(e) => {
+                    let Action::RetryAfter(delay) = wait.on_error(e.class()) else { return };
+                    warn!("HA campaign failed ({e}); campaigning again in {delay:?}");
+                    tokio::select! {
+                        _ = root.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => continue,
+                    }
+                }
+            };
+            wait.on_success();
+            // Every election key is newer than all earlier leaders' keys: so is our epoch.
+            let epoch = configured_epoch.max(leadership.revision);
+            info!(epoch, lease = leadership.lease_id, "elected HA leader; claiming the fence");
+            self.cfg.epoch = epoch;
+            let (agent_id, lease_id) = (self.agent_id.clone(), leadership.lease_id);
+            self.update(|s| {
+                s.epoch = epoch as u64;
+                s.role = "mirror".into();
+                s.set_condition(ConditionType::Fenced, false, "ElectedLeader", "");
+                s.ha = Some(HaStatus {
+                    leader: true,
+                    leader_agent_id: Some(agent_id),
+                    lease_id,
+                    term: epoch as u64,
+                });
+            });
+            let term = root.child_token();
+            self.shutdown = term.clone();
+            let end = {
+                let run = self.run_link();
+                tokio::pin!(run);
+                tokio::select! {
+                    end = &mut run => Some(end),
+                    _ = leadership.lost() => {
+                        term.cancel();
+                        run.await;
+                        None
+                    }
+                }
+            };
+            self.shutdown = root.clone();
+            let timeout = self.cfg.sync.request_timeout.get();
+            match end {
+                _ if root.is_cancelled() => {
+                    info!("stopping: resigning the HA election so a standby takes over at once");
+                    leadership.resign(timeout).await;
+                    return;
+                }
+                None => {
+                    error!(epoch, "HA lease lost: writes stopped; campaigning again");
+                    standby_reason = ("LostElection", "this agent's election lease expired or was revoked");
+                }
+                Some(LinkEnd::Fenced("TargetPromoted", message)) => {
+                    // Cut over: nobody may write any more; stay a standby, do not campaign.
+                    leadership.resign(timeout).await;
+                    error!("fenced: {message}; the target is promoted, standing by");
+                    self.standby("TargetPromoted", &message).await;
+                    return;
+                }
+                Some(LinkEnd::Fenced(reason, message)) => {
+                    error!(reason, "fenced: {message}; resigning the HA election and campaigning again");
+                    leadership.resign(timeout).await;
+                    standby_reason = (reason, "another writer holds the fence");
+                    let Action::RetryAfter(delay) = wait.on_error(ErrorClass::Transient) else { return };
+                    tokio::select! {
+                        _ = root.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Some(LinkEnd::Stopped) => {
+                    // The link stopped although neither shutdown nor the lease ended the term.
+                    leadership.resign(timeout).await;
+                }
+            }
+        }
+    }
+
+    /// Connects to the target and campaigns; meanwhile reports who leads.
+    async fn campaign(&self, name: &[u8]) -> Result<Leadership, EtcdError> {
+        let cfg = &self.cfg;
+        let client = connect(Side::Target, &cfg.target, &cfg.sync).await?;
+        let (ttl, timeout) = (cfg.ha.lease_ttl.get(), cfg.sync.request_timeout.get());
+        let campaign = election::campaign(&client, name, &self.agent_id, ttl, timeout);
+        tokio::pin!(campaign);
+        loop {
+            if let Ok(leader) = election::leader(&client, name, timeout).await {
+                self.update(|s| {
+                    if let Some(ha) = s.ha.as_mut() {
+                        ha.leader_agent_id = leader;
+                    }
+                });
+            }
+            tokio::select! {
+                elected = &mut campaign => return elected,
+                _ = tokio::time::sleep(LEADER_REFRESH) => {}
+            }
+        }
+    }
+}

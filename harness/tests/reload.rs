@@ -40,12 +40,16 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(agent.log().contains("max_ops_per_second=20"), "{}", agent.log());
-    // 40 one-key revisions at 20 ops/s cannot land in under 2 s (unpaced they take milliseconds).
+    // Three rounds of 20 one-key revisions: each round lands (status shows what the target
+    // holds), then pacing holds the next Txn for 20 ops / 20 per s = 1 s; the third round cannot
+    // land in under 2 s (unpaced all three take milliseconds).
     let started = tokio::time::Instant::now();
-    for i in 0..40 {
-        src.put(format!("/hup/paced/{i}"), "v", None).await.unwrap();
+    for round in 0..3 {
+        for i in 0..20 {
+            src.put(format!("/hup/paced/{round}/{i}"), "v", None).await.unwrap();
+        }
+        scenario::caught_up(&agent, &mut src).await.unwrap();
     }
-    scenario::caught_up(&agent, &mut src).await.unwrap();
     assert!(
         started.elapsed() >= Duration::from_millis(1_500),
         "the rate limit did not apply: {:?}",

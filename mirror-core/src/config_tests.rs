@@ -88,6 +88,8 @@ fn base_config_is_valid_with_spec_defaults() {
     assert!(!c.reconcile.delete_orphans);
     assert!(!c.ha.enabled);
     assert_eq!(c.ha.lease_ttl.get().as_secs(), 10);
+    // HA configs are accepted (check-config passes them).
+    assert!(with("[ha]\nenabled = true\nlease_ttl = \"4s\"").is_ok());
     assert_eq!(c.http.listen, "127.0.0.1:8080");
     assert_eq!(c.checkpoint_key(), b"/registry/\0etcd-mirror/checkpoint".to_vec());
 }
@@ -208,7 +210,8 @@ listen = "127.0.0.1:8080"
 #[case::ha_lease_ttl("[ha]\nlease_ttl = \"1s\"", "ha.lease_ttl")]
 #[case::http_listen("[http]\nlisten = \"localhost\"", "http.listen")]
 #[case::direction_conflict("[target]\nendpoints = [\"http://127.0.0.1:2379\"]", "target.endpoints")]
-#[case::ha_not_built("[ha]\nenabled = true", "ha.enabled")]
+#[case::ha_lease_ttl_long("[ha]\nenabled = true\nlease_ttl = \"10m\"", "ha.lease_ttl")]
+#[case::ha_lease_ttl_fraction("[ha]\nenabled = true\nlease_ttl = \"2500ms\"", "ha.lease_ttl")]
 fn validation_rule(#[case] extra: &str, #[case] field: &str) {
     let v = violations(with(extra));
     assert!(v.iter().any(|v| v.field == field), "expected a violation of {field}, got {v:?}");

@@ -262,6 +262,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         forced_resyncs: None,
         g3: Some("held".into()),
         agent_exit: None,
+        sole_writer_after: None,
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

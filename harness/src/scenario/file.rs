@@ -5,6 +5,8 @@
 //! - `wait until = "background"` waits for every background step to finish;
 //! - any step may say `g3_checker = false` (or `true`) to pause (or resume) the continuous G3
 //!   checker from that step on;
+//! - `expect sole_writer_after = "ID"` reads the checkpoint key's history: once agent ID first
+//!   wrote it, nobody else did;
 //! - `load`, `put` and `del` take `side = "target"` (keys relative to `target.prefix`), and
 //!   `put`/`del` take `checkpoint = true` for the link's checkpoint key (a corrupt-checkpoint
 //!   scenario writes it).
@@ -420,6 +422,10 @@ pub enum Step {
         /// The exit code of the agent's last `stop_agent` (or of its own exit).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent_exit: Option<i32>,
+        /// Extension: from the checkpoint key's history, once this agent first wrote it, no
+        /// other agent wrote it again (a fenced-out writer landed nothing after the takeover).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sole_writer_after: Option<String>,
         /// Agent id.
         #[serde(default = "agent_a", skip_serializing_if = "is_a")]
         agent: String,
@@ -765,6 +771,7 @@ forced_resyncs = 0
                 forced_resyncs: None,
                 g3: Some("held".into()),
                 agent_exit: None,
+                sole_writer_after: Some("b".into()),
                 agent: "a".into(),
                 timeout: sixty(),
             },

@@ -536,7 +536,17 @@ impl<'a> Run<'a> {
     }
 
     async fn expect(&mut self, step: &Step) -> anyhow::Result<String> {
-        let Step::Expect { equal, phase, condition, forced_resyncs, g3, agent_exit, agent, timeout } = step
+        let Step::Expect {
+            equal,
+            phase,
+            condition,
+            forced_resyncs,
+            g3,
+            agent_exit,
+            sole_writer_after,
+            agent,
+            timeout,
+        } = step
         else {
             unreachable!("expect() is called with an expect step");
         };
@@ -592,6 +602,16 @@ impl<'a> Run<'a> {
                 G3::NotYet => bail!("expected G3 held, but there is no checkpoint outside a scan"),
             }
         }
+        if let Some(id) = sole_writer_after {
+            let writer = self.status(id).await?.agent_id;
+            let (writes, after) = self.checkpoint_writers_after(&writer).await?;
+            note = format!(
+                "{writes} checkpoint writes by {writer} since its first, none by another agent{note}"
+            );
+            if let Some(other) = after {
+                bail!("after agent {id:?} ({writer}) first wrote the checkpoint, {other} wrote it again");
+            }
+        }
         if let Some(code) = agent_exit {
             let a = self.agent(agent)?;
             let exit = match a.exit {
@@ -606,6 +626,38 @@ impl<'a> Run<'a> {
             }
         }
         Ok(note)
+    }
+
+    /// Reads the checkpoint key's whole history (a watch from revision 1): how many times
+    /// `writer` wrote it since its first write, and the first other writer after that, if any.
+    async fn checkpoint_writers_after(&mut self, writer: &str) -> anyhow::Result<(usize, Option<String>)> {
+        let key = self.base.parsed()?.checkpoint_key();
+        let mut dst = self.target.client().await?;
+        let now = dst.get(key.clone(), None).await?;
+        let last = now.kvs().first().map(|kv| kv.mod_revision()).context("no checkpoint")?;
+        let mut stream =
+            dst.watch(key, Some(etcd_client::WatchOptions::new().with_start_revision(1))).await?;
+        let (mut seen, mut writes) = (false, 0usize);
+        loop {
+            let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .context("the checkpoint history did not arrive")??
+                .context("the history watch ended")?;
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let by = mirror_fence::Checkpoint::decode(kv.value()).map(|r| r.agent_id).unwrap_or_default();
+                if by == writer {
+                    seen = true;
+                    writes += 1;
+                } else if seen && ev.event_type() == etcd_client::EventType::Put {
+                    return Ok((writes, Some(format!("{by} (at target revision {})", kv.mod_revision()))));
+                }
+                if kv.mod_revision() >= last {
+                    anyhow::ensure!(seen, "agent {writer} never wrote the checkpoint");
+                    return Ok((writes, None));
+                }
+            }
+        }
     }
 
     /// Prints the failure with what an operator would look at first.

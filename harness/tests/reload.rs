@@ -57,16 +57,31 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
     );
     assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), harness::G3::Holds { .. }));
 
-    // `mirror-agent status` pretty-prints the same document.
-    let out = tokio::process::Command::new(harness::agent_binary())
-        .args(["status", "--url", &agent.url()])
-        .output()
-        .await
-        .unwrap();
+    // `mirror-agent status --json` prints the same document; without it, a summary (its layout
+    // is pinned by insta snapshots in mirror-agent/src/summary.rs); `--watch` refreshes it.
+    let status = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new(harness::agent_binary());
+        cmd.args(["status", "--url", &agent.url()]).args(args);
+        cmd
+    };
+    let out = status(&["--json"]).output().await.unwrap();
     assert!(out.status.success());
     let shown: mirror_core::Status = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown.link_uid, "hup");
     assert_eq!(shown.phase, mirror_core::Phase::Syncing);
+    let out = status(&[]).output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.starts_with("link hup  phase syncing"), "{text}");
+    assert!(
+        text.contains("conditions all healthy") && !text.contains('\x1b'),
+        "no colour off a terminal: {text}"
+    );
+    let mut watching = status(&["--watch"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    watching.start_kill().unwrap();
+    let out = watching.wait_with_output().await.unwrap();
+    let views = String::from_utf8_lossy(&out.stdout).matches("link hup  phase").count();
+    assert!(views >= 2, "--watch refreshed {views} times in 2.5 s");
 }
 
 /// `/readyz` is 503 while the agent cannot connect (phase `connecting`) and 200 once syncing;

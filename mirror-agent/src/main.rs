@@ -19,6 +19,7 @@ mod engine;
 mod http;
 mod metrics;
 mod reporter;
+mod summary;
 mod verify;
 
 use std::path::PathBuf;
@@ -84,11 +85,17 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         max_diffs: usize,
     },
-    /// Pretty-print a running agent's /statusz.
+    /// Summarize a running agent's /statusz (phase, lag, progress, unhealthy conditions).
     Status {
         /// Base URL of the agent's HTTP server.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
+        /// Print the raw /statusz JSON instead.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every second until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
     },
     /// Validate a config file and print the effective config with secrets redacted.
     CheckConfig {
@@ -102,7 +109,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
-        Command::Status { url } => status(&url),
+        Command::Status { url, json, watch } => status(&url, json, watch),
         Command::Cutover { config, wait: _, allow_moving_source } => match Config::load(&config) {
             Ok(c) => {
                 let _ =
@@ -216,22 +223,43 @@ fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch:
     tx.send_replace(new);
 }
 
-fn status(url: &str) -> ExitCode {
+fn status(url: &str, json: bool, watch: bool) -> ExitCode {
+    use std::io::IsTerminal as _;
     let url = format!("{}/statusz", url.trim_end_matches('/'));
-    let result = runtime().block_on(async {
-        let resp = reqwest::get(&url).await?.error_for_status()?;
-        resp.json::<serde_json::Value>().await
-    });
-    match result {
-        Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            ExitCode::SUCCESS
+    let terminal = std::io::stdout().is_terminal();
+    runtime().block_on(async {
+        loop {
+            let result = async {
+                let resp = reqwest::get(&url).await?.error_for_status()?;
+                resp.json::<serde_json::Value>().await
+            }
+            .await;
+            let text = match result {
+                Ok(v) if json => serde_json::to_string_pretty(&v).unwrap_or_default(),
+                Ok(v) => match serde_json::from_value::<mirror_core::Status>(v) {
+                    Ok(s) => summary::render(&s, terminal),
+                    Err(e) => format!("mirror-agent: {url} is not an agent status: {e}"),
+                },
+                Err(e) if !watch => {
+                    eprintln!("mirror-agent: cannot read {url}: {e}");
+                    return ExitCode::FAILURE;
+                }
+                Err(e) => format!("mirror-agent: cannot read {url}: {e}"),
+            };
+            if watch && terminal {
+                // Clear the screen and home the cursor: one live view, not a scroll.
+                print!("\x1b[2J\x1b[H");
+            }
+            println!("{}", text.trim_end());
+            if !watch {
+                return ExitCode::SUCCESS;
+            }
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
         }
-        Err(e) => {
-            eprintln!("mirror-agent: cannot read {url}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 fn config_error(file: &std::path::Path, e: &ConfigError) -> ExitCode {

@@ -112,24 +112,38 @@ async fn relay(
     }
 }
 
-/// Copies `from` to `to` until either ends, holding each chunk for the current delay.
+/// Copies `from` to `to` until either ends, as a delay line: each chunk is released the
+/// current delay after it was *read*, so the delay adds latency without capping throughput, and
+/// chunks that arrive apart (a request, then its cancellation) stay apart.
 async fn pump<R, W>(from: &mut R, to: &mut W, delay: &AtomicU64)
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let ms = delay.load(Ordering::Relaxed);
-        if ms > 0 {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let due =
+                        tokio::time::Instant::now() + Duration::from_millis(delay.load(Ordering::Relaxed));
+                    if tx.send((due, buf[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let write = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    // Reading ends first on EOF; what was read is still written, in order.
+    let (_, ()) = tokio::join!(read, write);
 }

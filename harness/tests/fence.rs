@@ -119,12 +119,10 @@ async fn a_retried_commit_that_had_landed_is_adopted() {
     let put = || vec![etcd_client::TxnOp::put("/f/landed", "1", None)];
     let first = writer.commit(put(), Some(record(20))).await;
     assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stored = read_checkpoint(&mut direct.kv_client(), &key, timeout).await.unwrap();
-    let Observed::Present { record: landed, .. } = stored else { panic!("no checkpoint") };
-    assert_eq!(landed.watermark, 20, "the timed-out commit landed (the test needs it to)");
+    wait_for_watermark(&target, &key, 20).await;
 
     proxies.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let retried = writer.commit(put(), Some(record(20))).await;
     assert!(retried.is_ok(), "the retry adopts the landed commit: {retried:?}");
     assert_eq!(writer.record().watermark, 20);
@@ -160,4 +158,45 @@ async fn a_claim_never_rewinds_a_moving_checkpoint() {
     let now = read_checkpoint(&mut client.kv_client(), &key, timeout).await.unwrap();
     let Observed::Present { record: stored, .. } = now else { panic!("no checkpoint") };
     assert_eq!((stored.watermark, stored.epoch), (11, 1), "nothing rewound");
+}
+
+/// The same lost answer, but the retry carries another batch (rebuilt after re-watching the
+/// source): the writer reports `Raced` (the engine resumes from the checkpoint as it stands)
+/// instead of `EpochRegressed`, which would park it in standby behind its own write.
+#[tokio::test]
+async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let proxies = target.proxies().await.unwrap();
+    let through = etcd_client::Client::connect(proxies.endpoints(), None).await.unwrap();
+    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
+    let timeout = Duration::from_secs(1);
+    let mut writer =
+        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+    proxies.delay(Duration::from_millis(1_500));
+    let put = |k: &str| vec![etcd_client::TxnOp::put(format!("/f/{k}"), "1", None)];
+    let first = writer.commit(put("first"), Some(record(20))).await;
+    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
+    wait_for_watermark(&target, &key, 20).await;
+    proxies.heal();
+    // Let the delay line drain what it still holds (the lost answer, the cancellation).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other_batch = writer.commit(put("rebuilt"), Some(record(25))).await;
+    assert!(matches!(other_batch, Err(FenceError::Raced)), "{other_batch:?}");
+}
+
+/// Waits (reading the target directly) until the delayed commit of `watermark` has landed:
+/// every chunk through the proxy is held, so it arrives seconds after its timeout.
+async fn wait_for_watermark(target: &EtcdCluster, key: &[u8], watermark: i64) {
+    let mut kv = target.client().await.unwrap().kv_client();
+    let started = std::time::Instant::now();
+    loop {
+        let stored = read_checkpoint(&mut kv, key, Duration::from_secs(5)).await.unwrap();
+        if matches!(&stored, Observed::Present { record, .. } if record.watermark == watermark) {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the timed-out commit never landed: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -104,7 +104,8 @@ pub enum FenceError {
     /// A claim lost a race to a writer that moved the replication state (watermark, scan, ...)
     /// the claim was planned from: plan again from a fresh read. Claiming anyway with the old
     /// plan would rewind the checkpoint below data the other writer had already applied.
-    #[error("the checkpoint moved while claiming it; planning again from a fresh read")]
+    /// Also: a commit found its own earlier, timed-out attempt landed under a different batch.
+    #[error("the checkpoint moved under this writer (a claim race, or an earlier commit of ours whose answer was lost landed); planning again from a fresh read")]
     Raced,
     /// The Txn itself failed.
     #[error(transparent)]
@@ -381,10 +382,7 @@ impl FencedWriter {
         }
         let txn = guarded(&self.key, self.mod_revision, all);
         let resp = match unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await {
-            Ok(resp) => {
-                self.unsettled = None;
-                resp
-            }
+            Ok(resp) => resp,
             Err(e) => {
                 // Reusing the id after a failure that did settle it (nothing landed) is
                 // harmless: no stored bytes can match a write that never happened.
@@ -393,6 +391,7 @@ impl FencedWriter {
             }
         };
         let revision = resp.header().map_or(0, |h| h.revision());
+        let earlier = self.unsettled.take();
         if resp.succeeded() {
             if let Some(next) = next {
                 self.mod_revision = revision;
@@ -400,8 +399,25 @@ impl FencedWriter {
             }
             return Ok(revision);
         }
-        self.unsettled = None;
-        self.judge_failed_compare(next_bytes.as_deref(), next).await
+        let outcome = self.judge_failed_compare(next_bytes.as_deref(), next).await;
+        if let (Err(FenceError::EpochRegressed { .. }), Some((mut record, id))) = (&outcome, earlier) {
+            // The key holds an earlier attempt of ours whose answer was lost and which landed,
+            // but this try carries another batch (the caller rebuilt it, e.g. after
+            // re-watching): not a regression. Plan again from the checkpoint as it is.
+            record.commit = id;
+            if self.stored_bytes_are(&record.encode()).await? {
+                return Err(FenceError::Raced);
+            }
+        }
+        outcome
+    }
+
+    /// Whether the checkpoint key holds exactly `bytes`.
+    async fn stored_bytes_are(&mut self, bytes: &[u8]) -> Result<bool, FenceError> {
+        let resp =
+            unary("re-read checkpoint", Side::Target, self.timeout, self.kv.get(self.key.clone(), None))
+                .await?;
+        Ok(resp.kvs().first().is_some_and(|kv| kv.value() == bytes))
     }
 
     /// Checks that the fence is still ours without writing: re-reads the key and, if anyone else

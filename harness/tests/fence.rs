@@ -190,7 +190,7 @@ async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
 /// every chunk through the proxy is held, so it arrives seconds after its timeout.
 async fn wait_for_watermark(target: &EtcdCluster, key: &[u8], watermark: i64) {
     let mut kv = target.client().await.unwrap().kv_client();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     loop {
         let stored = read_checkpoint(&mut kv, key, Duration::from_secs(5)).await.unwrap();
         if matches!(&stored, Observed::Present { record, .. } if record.watermark == watermark) {

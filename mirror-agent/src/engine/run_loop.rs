@@ -59,13 +59,19 @@ impl Engine {
                 Err(e) => e,
             };
             let class = err.class();
-            self.update(|s| {
-                s.last_error = Some(LastError {
-                    class: class.to_string(),
-                    reason: err.reason(),
-                    message: err.to_string(),
-                })
-            });
+            // Standing by for another writer (a newer epoch, a cutover) is not an error: the
+            // `Fenced` condition says why. Recording it as a permanent last_error read as a
+            // failure to dashboards and to the cutover tests that look for none.
+            let standing_by = matches!(&err, EngineError::Fence(f) if f.standby_reason().is_some());
+            if !standing_by {
+                self.update(|s| {
+                    s.last_error = Some(LastError {
+                        class: class.to_string(),
+                        reason: err.reason(),
+                        message: err.to_string(),
+                    })
+                });
+            }
             match &err {
                 EngineError::Fence(f) if f.standby_reason().is_some() => {
                     let reason = f.standby_reason().unwrap_or("Fenced");

@@ -287,7 +287,19 @@ impl FencedWriter {
                 // Found by `harness chaos --seed 42`: a fence bump whose claim raced the
                 // running writer rewrote the checkpoint with the watermark it had read before,
                 // below what that writer had applied since (G3 broke until the replay caught up).
-                return Err(FenceError::Raced);
+                // Never claim with a stale plan: a lower epoch is raced (plan again and win); a
+                // writer of our own epoch that is moving the state is an active duplicate.
+                may_claim(&observed, &record)?;
+                return match &observed {
+                    Observed::Present { record: stored, .. } if stored.epoch == record.epoch => {
+                        Err(FenceError::EpochRegressed {
+                            stored: stored.epoch,
+                            ours: record.epoch,
+                            agent: stored.agent_id.clone(),
+                        })
+                    }
+                    _ => Err(FenceError::Raced),
+                };
             }
         }
         // Three lost races in a row against a writer of our own epoch.

@@ -104,8 +104,12 @@ fn backend(b: &str) -> anyhow::Result<harness::Backend> {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Scenario { file, seed, keep, backend: b } => {
-            let opts =
-                harness::scenario::RunOptions { seed, keep, backend: b.as_deref().map(backend).transpose()? };
+            let opts = harness::scenario::RunOptions {
+                seed,
+                keep,
+                backend: b.as_deref().map(backend).transpose()?,
+                ..Default::default()
+            };
             if let Err(e) = harness::scenario::run_file(&file, &opts).await {
                 eprintln!("scenario failed: {e:#}");
                 std::process::exit(1);
@@ -122,9 +126,8 @@ async fn main() -> anyhow::Result<()> {
                 faults.iter().map(|f| harness::chaos::Fault::parse(f)).collect::<anyhow::Result<Vec<_>>>()?
             };
             let opts = harness::scenario::RunOptions {
-                seed: None,
-                keep: false,
                 backend: b.as_deref().map(backend).transpose()?,
+                ..Default::default()
             };
             let dir = std::env::current_dir()?;
             if let Err(e) = harness::chaos::run(seed, *duration, &faults, dir, &opts).await {

@@ -17,3 +17,19 @@ async fn chaos_seed_42_for_60_seconds() {
         panic!("chaos seed 42: {e:#}");
     }
 }
+
+/// A deliberately broken agent is caught: with the debug-build failpoint that drops the
+/// checkpoint put from one fenced Txn in 50, the same chaos run fails (the agent's own fence
+/// no longer matches what it wrote, or the sides diverge), so a passing chaos run means
+/// something. Release builds compile the failpoint out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_catches_an_agent_that_drops_checkpoint_puts() {
+    let faults: Vec<Fault> = Fault::ALL.iter().map(|(f, _)| *f).collect();
+    let opts = harness::scenario::RunOptions {
+        agent_env: vec![("MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY".into(), "50".into())],
+        ..Default::default()
+    };
+    let outcome = chaos::run(42, Duration::from_secs(20), &faults, std::env::temp_dir(), &opts).await;
+    let err = outcome.expect_err("the chaos run must catch the broken agent");
+    println!("caught: {err:#}");
+}

@@ -45,6 +45,31 @@ fn guarded(key: &[u8], mod_revision: i64, ops: Vec<TxnOp>) -> Txn {
     Txn::new().when([Compare::mod_revision(key.to_vec(), CompareOp::Equal, mod_revision)]).and_then(ops)
 }
 
+/// A deliberately broken writer, to prove the harness catches one (issue #12): in debug
+/// builds only, `MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY=N` drops the checkpoint put from every
+/// Nth commit. Release builds compile it to `false`.
+mod failpoint {
+    #[cfg(debug_assertions)]
+    pub(super) fn drop_checkpoint_put() -> bool {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::OnceLock;
+        static EVERY: OnceLock<u64> = OnceLock::new();
+        static COMMITS: AtomicU64 = AtomicU64::new(0);
+        let every = *EVERY.get_or_init(|| {
+            std::env::var("MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        });
+        every > 0 && (COMMITS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every)
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub(super) fn drop_checkpoint_put() -> bool {
+        false
+    }
+}
+
 /// What a claim plans from: everything in a stored record but who wrote it (epoch, agent,
 /// commit id).
 fn replication_state(observed: &Observed) -> Option<Checkpoint> {
@@ -390,7 +415,9 @@ impl FencedWriter {
         let next_bytes = next.as_ref().map(Checkpoint::encode);
         let mut all = self.lay_out(ops, usize::from(next_bytes.is_some()))?;
         if let Some(bytes) = &next_bytes {
-            all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
+            if !failpoint::drop_checkpoint_put() {
+                all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
+            }
         }
         let txn = guarded(&self.key, self.mod_revision, all);
         let resp = match unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await {

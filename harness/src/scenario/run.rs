@@ -32,6 +32,8 @@ pub struct RunOptions {
     pub keep: bool,
     /// Where etcd runs (default: detected).
     pub backend: Option<Backend>,
+    /// Extra environment for every agent process (e.g. a debug-build failpoint).
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// Parses and runs the scenario file at `path`; `Err` names the failed step.
@@ -136,7 +138,8 @@ impl<'a> Run<'a> {
             scenario.source_prefix(),
         );
         base.target_prefix = scenario.target_prefix().to_owned();
-        let base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml);
+        let mut base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml);
+        base.env.extend(opts.agent_env.iter().cloned());
         let parsed = base.parsed().context("the generated agent config")?;
         let src = source.client().await?;
         let checker = Arc::new(CheckerState { enabled: AtomicBool::new(true), ..CheckerState::default() });

@@ -163,6 +163,9 @@ impl Engine {
         }
         let mut latched_now = false;
         self.update(|s| {
+            // In the same update as the count: nobody may see a resync counted while the
+            // initial sync still reads complete (a full CI run caught a test doing just that).
+            s.set_condition(ConditionType::InitialSyncComplete, false, "Resyncing", reason);
             if forced {
                 s.forced_resyncs.count += 1;
                 *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;

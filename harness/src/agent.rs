@@ -201,7 +201,7 @@ impl AgentProcess {
         }
         let port = crate::ports::free_ports(1)?[0];
         self.http = ([127, 0, 0, 1], port).into();
-        let config_path = self.dir.path().join("mirror.toml");
+        let config_path = self.config_path();
         std::fs::write(&config_path, self.config.render())?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
         let child = Command::new(&bin)
@@ -217,6 +217,9 @@ impl AgentProcess {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true)
+            // Its own process group: a Ctrl-C at the terminal reaches the harness (the demo
+            // stops its writer and verifies first), not the agent directly.
+            .process_group(0)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         self.child = Some(child);
@@ -231,7 +234,7 @@ impl AgentProcess {
     /// Rewrites the running agent's config file and sends SIGHUP.
     pub fn reload(&mut self, config: AgentConfig) -> anyhow::Result<()> {
         self.config = config;
-        std::fs::write(self.dir.path().join("mirror.toml"), self.config.render())?;
+        std::fs::write(self.config_path(), self.config.render())?;
         let pid = self.pid().context("agent is not running")?;
         crate::process::send(pid, libc::SIGHUP);
         Ok(())
@@ -242,7 +245,13 @@ impl AgentProcess {
         self.spawn().await
     }
 
-    fn log_path(&self) -> PathBuf {
+    /// The config file it runs on.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("mirror.toml")
+    }
+
+    /// Its log file (stdout and stderr).
+    pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("agent.log")
     }
 

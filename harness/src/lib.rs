@@ -12,6 +12,7 @@
 //! - [`pki`]: a throwaway CA with server and client certificates; [`ClusterSpec::tls`] makes a
 //!   cluster serve them and require client certificates.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
+//! - [`demo`]: the main job on an embedded default, with progress and a live tail view.
 //! - [`scenario`]: scenario files (SPEC §8) and their runner, and the waits, counts and checks
 //!   scenario tests share; [`chaos`]: random fault schedules written as scenario files;
 //!   [`bench`](mod@bench): the figures `harness bench` prints, each next to a baseline from the
@@ -26,6 +27,7 @@ pub mod bench;
 pub mod chaos;
 mod check;
 mod container;
+pub mod demo;
 mod etcd;
 mod load;
 pub mod pki;
@@ -45,4 +47,5 @@ pub use etcd::{
 };
 pub use load::{load_keys, Churn, ChurnReport};
 pub use ports::free_ports;
+pub use process::send as send_signal;
 pub use proxy::FaultProxy;

@@ -1,11 +1,11 @@
 //! `harness`: start real etcd for people, not only for tests.
 //!
-//! `harness demo` starts a local source and target etcd and prints how to reach them and a
-//! ready-to-use agent config. `harness scenario FILE` runs a scenario file (SPEC §8).
-//! `harness bench` prints performance figures.
+//! `harness demo` runs the main job on an embedded default (what `scripts/demo.sh` runs).
+//! `harness scenario FILE` runs a scenario file (SPEC §8). `harness bench` prints performance
+//! figures.
 
 use clap::{Parser, Subcommand};
-use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
+use harness::EtcdVersion;
 
 #[derive(Parser)]
 #[command(name = "harness", about = "Real etcd clusters and scenarios for etcd-mirror")]
@@ -16,7 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a source and a target etcd and keep them up until Ctrl-C.
+    /// The main job on an embedded default: a source and a target etcd, a seeded source, the
+    /// real agent mirroring with progress and a live tail view; Ctrl-C verifies and stops.
     Demo {
         /// Source etcd version (3.5.1 or 3.4.23).
         #[arg(long, default_value = "3.5.1")]
@@ -24,9 +25,27 @@ enum Command {
         /// Target etcd version (3.5.1 or 3.4.23).
         #[arg(long, default_value = "3.5.1")]
         target_version: String,
-        /// Seed the source with this many keys under /demo/.
-        #[arg(long, default_value_t = 1000)]
+        /// Seed the source with this many keys under /demo/ before the agent starts.
+        #[arg(long, default_value_t = 100_000)]
         keys: usize,
+        /// Bytes per seeded value.
+        #[arg(long, default_value_t = 100)]
+        value_size: usize,
+        /// Writes per second of the paced writer during the live view.
+        #[arg(long, default_value_t = 200)]
+        rate: u32,
+        /// No writer: the live view shows an idle link.
+        #[arg(long)]
+        no_writer: bool,
+        /// End the live view after this long (e.g. 10s) instead of at Ctrl-C.
+        #[arg(long)]
+        duration: Option<humantime::Duration>,
+        /// After the verify, leave everything running and print how to reach it (until Ctrl-C).
+        #[arg(long)]
+        keep: bool,
+        /// Where etcd runs: process or container (default: container when Docker answers).
+        #[arg(long)]
+        backend: Option<String>,
     },
     /// Run a scenario file (SPEC §8); exit 0 only when every step and check passed.
     Scenario {
@@ -116,8 +135,32 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Demo { source_version, target_version, keys } => {
-            demo(version(&source_version)?, version(&target_version)?, keys).await
+        Command::Demo {
+            source_version,
+            target_version,
+            keys,
+            value_size,
+            rate,
+            no_writer,
+            duration,
+            keep,
+            backend: b,
+        } => {
+            let plan = harness::demo::DemoPlan {
+                source_version: version(&source_version)?,
+                target_version: version(&target_version)?,
+                backend: b.as_deref().map(backend).transpose()?,
+                keys,
+                value_size,
+                writer_rate: (!no_writer).then_some(rate),
+                duration: duration.map(Into::into),
+                keep,
+            };
+            match harness::demo::run(plan).await? {
+                harness::demo::DemoEnd::Verified => Ok(()),
+                harness::demo::DemoEnd::Different => std::process::exit(1),
+                harness::demo::DemoEnd::Interrupted => std::process::exit(130),
+            }
         }
         Command::Chaos { seed, duration, faults, backend: b } => {
             let faults = if faults.is_empty() {
@@ -150,44 +193,4 @@ async fn main() -> anyhow::Result<()> {
             .map(drop)
         }
     }
-}
-
-async fn demo(source_version: EtcdVersion, target_version: EtcdVersion, keys: usize) -> anyhow::Result<()> {
-    eprintln!("starting source etcd {source_version} and target etcd {target_version} ...");
-    let source = EtcdCluster::start(ClusterSpec::new(source_version)).await?;
-    let target = EtcdCluster::start(ClusterSpec::new(target_version)).await?;
-    let mut client = source.client().await?;
-    for i in 0..keys {
-        client.put(format!("/demo/key-{i:06}"), format!("value-{i}"), None).await?;
-    }
-    println!("source: {} (etcd {source_version}, {keys} keys under /demo/)", source.endpoints().join(","));
-    println!("target: {} (etcd {target_version}, empty)", target.endpoints().join(","));
-    println!();
-    println!("agent config:");
-    println!("{}", demo_config(&source.endpoints(), &target.endpoints()));
-    println!(
-        "try: ETCDCTL_API=3 {} --endpoints={} get --prefix /demo/ --keys-only | head",
-        source_version.etcdctl().display(),
-        source.endpoints()[0]
-    );
-    println!();
-    println!("Ctrl-C stops both clusters and removes their data.");
-    // SIGTERM as well as Ctrl-C, so `timeout` or a service manager also removes the clusters.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    eprintln!("stopping ...");
-    drop((source, target));
-    Ok(())
-}
-
-fn demo_config(source: &[String], target: &[String]) -> String {
-    let list = |e: &[String]| e.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
-    format!(
-        "link_uid = \"demo\"\n\n[source]\nendpoints = [{}]\nprefix = \"/demo/\"\n\n[target]\nendpoints = [{}]\nprefix = \"/demo/\"\n\n[http]\nlisten = \"127.0.0.1:8080\"\n",
-        list(source),
-        list(target)
-    )
 }

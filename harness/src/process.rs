@@ -87,8 +87,9 @@ impl Drop for ProcessNode {
     }
 }
 
+/// Sends signal `sig` to process `pid` (a stale pid is ignored).
 #[allow(unsafe_code)]
-pub(crate) fn send(pid: u32, sig: libc::c_int) {
+pub fn send(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions; a stale pid at worst fails with ESRCH.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
@@ -96,9 +97,11 @@ pub(crate) fn send(pid: u32, sig: libc::c_int) {
 }
 
 /// Makes the child receive SIGKILL when the test process dies, even by SIGKILL, so no etcd
-/// outlives a test run.
+/// outlives a test run; and puts it in a process group of its own, so a Ctrl-C at the terminal
+/// reaches the harness (which stops it in order) and not the member directly.
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut Command) {
+    cmd.process_group(0);
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe.
     unsafe {

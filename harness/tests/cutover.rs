@@ -41,6 +41,14 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let block: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    // Not on a terminal: the stages come as plain lines on stderr, the block alone on stdout.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        ["connecting:", "catching-up:", "draining:", "verifying:"]
+            .iter()
+            .any(|stage| stderr.contains(&format!("cutover: {stage}"))),
+        "{stderr}"
+    );
     assert_eq!(block["cutover"]["source_keys"], 1_500);
     assert_eq!(block["cutover"]["target_keys"], 1_500);
     assert!(

@@ -45,6 +45,9 @@ async fn verify_detects_a_hand_edited_key() {
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("EQUAL"), "{text}");
     assert!(text.contains("source keys:      2000"), "{text}");
+    // Not on a terminal: progress comes as plain lines on stderr, the report alone on stdout.
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(progress.contains("verify: 0/2000 source keys compared"), "{progress}");
 
     let mut dst = target.client().await.unwrap();
     dst.put("/v/key-00000042", "edited by hand", None).await.unwrap();

@@ -60,14 +60,19 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
 
     let status = Arc::new(RwLock::new(Status::default()));
     let shutdown = CancellationToken::new();
-    let engine = tokio::spawn(Engine::new(config.clone(), status.clone(), shutdown.clone()).run());
+    let engine = Engine::new(config.clone(), status.clone(), shutdown.clone());
+    let compared = engine.comparison_progress();
+    let engine = tokio::spawn(engine.run());
+    let mut progress = crate::progress::Progress::new("cutover", 0);
     let final_status = loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
         let s = status.read().expect("status lock").clone();
         if matches!(s.phase, Phase::Drained | Phase::Failed | Phase::Standby) {
             break s;
         }
+        progress.set(0, stage(&s, compared.load(std::sync::atomic::Ordering::Relaxed)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    progress.finish();
     shutdown.cancel();
     let _ = engine.await;
 
@@ -107,6 +112,28 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
             );
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+/// The cutover's stage, for the progress line: its first word names the stage.
+fn stage(s: &Status, compared: u64) -> String {
+    let drain_target = s.cutover.as_ref().map_or(0, |c| c.drain_target_revision);
+    match s.phase {
+        Phase::Connecting => "connecting: claiming the fence".to_owned(),
+        Phase::InitialSync => {
+            format!("initial-sync: {}/{} keys copied", s.initial_sync.keys, s.initial_sync.total_keys)
+        }
+        Phase::Degraded => format!(
+            "degraded: {}",
+            s.last_error.as_ref().map(|e| e.reason.as_str()).unwrap_or("waiting to retry")
+        ),
+        _ if drain_target == 0 => {
+            format!("catching-up: watermark {} (source {})", s.watermark, s.source_revision)
+        }
+        _ if s.watermark < drain_target => {
+            format!("draining: watermark {} of drain target {drain_target}", s.watermark)
+        }
+        _ => format!("verifying: {compared} source keys compared at revision {}", s.watermark),
     }
 }
 
@@ -178,5 +205,35 @@ async fn changed_after(config: &Config, drained: i64) -> anyhow::Result<Moved> {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: Phase, watermark: i64, drain_target: i64) -> Status {
+        Status {
+            phase,
+            watermark,
+            source_revision: 120,
+            cutover: (drain_target > 0).then(|| mirror_core::CutoverStatus {
+                drain_target_revision: drain_target,
+                ..Default::default()
+            }),
+            ..Status::default()
+        }
+    }
+
+    #[test]
+    fn the_stage_follows_the_drain() {
+        assert_eq!(stage(&status(Phase::Connecting, 0, 0), 0), "connecting: claiming the fence");
+        assert_eq!(stage(&status(Phase::Syncing, 90, 0), 0), "catching-up: watermark 90 (source 120)");
+        assert_eq!(stage(&status(Phase::Syncing, 90, 100), 0), "draining: watermark 90 of drain target 100");
+        assert_eq!(
+            stage(&status(Phase::Syncing, 100, 100), 42),
+            "verifying: 42 source keys compared at revision 100"
+        );
+        assert!(stage(&status(Phase::Degraded, 90, 100), 0).starts_with("degraded: "));
     }
 }

@@ -18,6 +18,7 @@ mod cutover;
 mod engine;
 mod http;
 mod metrics;
+mod progress;
 mod reporter;
 mod summary;
 mod verify;

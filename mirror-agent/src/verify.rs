@@ -5,7 +5,6 @@
 //! `mirror-reconcile`. Counts and SHA-256 fingerprints of the ordered (target key, value) pairs
 //! of both sides are printed, then up to `--max-diffs` differing keys, redacted. It never writes.
 
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use mirror_core::{connect_reachable, unary, Config, Side};
@@ -58,16 +57,6 @@ async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow:
         timeout,
     )
     .await?;
-    let bar = if std::io::stderr().is_terminal() {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} source keys {per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
     let page = mirror_core::PagerOptions::new(
         "verify page",
         config.sync.page_key_limit,
@@ -81,6 +70,10 @@ async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow:
         page.clone().at_revision(revision),
     )
     .target_at(target_kv, target_revision, page);
+    let compared = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    differ = differ.progress(compared.clone());
+    let progress = crate::progress::Progress::new("verify", total)
+        .follow(compared, move |n| format!("{n}/{total} source keys compared"));
     let mut shown = Vec::new();
     while let Some(diff) = differ.next_difference().await? {
         if shown.len() < max_diffs {
@@ -91,9 +84,8 @@ async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow:
             };
             shown.push(format!("  {kind}: {}", rewriter.redact(diff.key())));
         }
-        bar.set_position(differ.counts.source_keys);
     }
-    bar.finish_and_clear();
+    progress.finish().await;
     let c = &differ.counts;
     println!("source revision:  {revision}");
     println!("target revision:  {target_revision}");

@@ -29,6 +29,8 @@
 //! fenced writer, paced as configured.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use etcd_client::KvClient;
 use mirror_core::{EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};
@@ -154,6 +156,8 @@ pub struct Differ {
     s: Option<Entry>,
     t: Option<Entry>,
     started: bool,
+    /// Source keys compared so far, shared with a progress display ([`Differ::progress`]).
+    progress: Option<Arc<AtomicU64>>,
     /// Counts so far.
     pub counts: Counts,
 }
@@ -165,7 +169,24 @@ impl Differ {
         let target_page = PagerOptions { revision: 0, ..page.clone() };
         let source = RangeReader::new(source, Side::Source, rewriter.scan_windows(), page);
         let target = RangeReader::new(target, Side::Target, rewriter.target_windows(), target_page);
-        Differ { rewriter, source, target, s: None, t: None, started: false, counts: Counts::default() }
+        Differ {
+            rewriter,
+            source,
+            target,
+            s: None,
+            t: None,
+            started: false,
+            progress: None,
+            counts: Counts::default(),
+        }
+    }
+
+    /// Publishes the source keys compared so far into `counter` as the merge goes (a progress
+    /// bar can read it while [`Differ::next_difference`] runs through equal keys).
+    pub fn progress(mut self, counter: Arc<AtomicU64>) -> Differ {
+        counter.store(0, Ordering::Relaxed);
+        self.progress = Some(counter);
+        self
     }
 
     /// Reads the target pinned at `revision` (0 = latest); call before the first difference.
@@ -179,6 +200,9 @@ impl Differ {
         while let Some(kv) = self.source.next().await? {
             if let Some(key) = self.rewriter.to_target(kv.key()) {
                 self.counts.source_keys += 1;
+                if let Some(p) = &self.progress {
+                    p.store(self.counts.source_keys, Ordering::Relaxed);
+                }
                 let leased = kv.lease() != 0;
                 self.counts.leased_keys += u64::from(leased);
                 feed(&mut self.counts.source_hash, &key, kv.value());

@@ -64,6 +64,7 @@
 //! only compares: when equal it moves the watermark; otherwise the missing events are still on
 //! their way and the next idle reply compares again.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,6 +206,8 @@ pub struct Engine {
     ever_connected: bool,
     /// What the current run achieved; the run loop resets its waits by it.
     progress: Progress,
+    /// Source keys compared so far by the running comparison (reconcile pass, drain verify).
+    compared: Arc<AtomicU64>,
 }
 
 /// How far a run got, for resetting the retry waits ([`RetryPolicy`]).
@@ -220,6 +223,12 @@ enum Progress {
 }
 
 impl Engine {
+    /// Source keys compared so far by the running comparison (a reconcile pass or the drain's
+    /// verification); starts at 0 with each one. `cutover --wait` draws its progress from it.
+    pub fn comparison_progress(&self) -> Arc<AtomicU64> {
+        self.compared.clone()
+    }
+
     /// A new engine; `run` drives it until `shutdown`.
     pub fn new(cfg: Config, status: StatusHandle, shutdown: CancellationToken) -> Engine {
         let rewriter = cfg.rewriter();
@@ -241,6 +250,7 @@ impl Engine {
             reload: None,
             ever_connected: false,
             progress: Progress::None,
+            compared: Arc::default(),
         }
     }
 

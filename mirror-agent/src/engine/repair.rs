@@ -65,6 +65,7 @@ impl Run<'_> {
             self.target_kv.clone(),
             page,
         )
+        .progress(self.engine.compared.clone())
     }
 
     /// Counts and compares both sides with the source pinned at the watermark; no writes.

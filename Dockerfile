@@ -1,6 +1,8 @@
-# The mirror-agent image, built from this workspace.
-#   docker build -t etcd-mirror/agent .
-# (Needs a registry for the base images; the test suite never builds it.)
+# The mirror-agent image, built from this workspace, where a registry serves the base images.
+#   docker build -t etcd-mirror/agent:dev .
+# Without a registry, scripts/image.sh builds the same image (binary, its shared libraries, a CA
+# bundle, user 10001, the same ENTRYPOINT/CMD/EXPOSE) with docker import; the test suite builds
+# and runs that one (harness/tests/image.rs, scenario agent-container).
 FROM rust:1-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

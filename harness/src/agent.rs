@@ -176,25 +176,130 @@ pub async fn agent_command(
     Ok(out)
 }
 
+/// Where `mirror-agent run` runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AgentBackend {
+    /// A child process of the harness (the default).
+    #[default]
+    Process,
+    /// A container of the image `scripts/image.sh` builds ([`AGENT_IMAGE`]), attached to these
+    /// Docker networks (the etcd clusters', [`crate::EtcdCluster::docker_network`]), its HTTP
+    /// port published on 127.0.0.1. The config's endpoints must be reachable from inside, e.g.
+    /// [`crate::EtcdCluster::network_endpoints`].
+    Container {
+        /// Docker networks to join.
+        networks: Vec<String>,
+    },
+}
+
+/// The agent image `scripts/image.sh` builds.
+pub const AGENT_IMAGE: &str = "etcd-mirror/agent:dev";
+
+/// Where the agent container sees its config directory (read-only).
+const CONTAINER_CONFIG_DIR: &str = "/etc/etcd-mirror";
+
+/// The agent's HTTP port inside its container (the image's `EXPOSE`).
+const CONTAINER_HTTP_PORT: u16 = 8080;
+
+/// The running agent.
+enum Running {
+    Process(Child),
+    /// A created container (it may have exited); removed on drop.
+    Container(String),
+}
+
 /// A running `mirror-agent run`.
 pub struct AgentProcess {
-    child: Option<Child>,
+    running: Option<Running>,
+    backend: AgentBackend,
     http: SocketAddr,
     dir: tempfile::TempDir,
     config: AgentConfig,
 }
 
 impl AgentProcess {
-    /// Writes the config and starts the agent on a free HTTP port.
+    /// Writes the config and starts the agent as a child process on a free HTTP port.
     pub async fn start(config: &AgentConfig) -> anyhow::Result<AgentProcess> {
+        AgentProcess::start_on(config, AgentBackend::Process).await
+    }
+
+    /// Writes the config and starts the agent on `backend`.
+    pub async fn start_on(config: &AgentConfig, backend: AgentBackend) -> anyhow::Result<AgentProcess> {
         let dir = tempfile::Builder::new().prefix("mirror-agent-").tempdir()?;
-        let mut agent =
-            AgentProcess { child: None, http: ([127, 0, 0, 1], 0).into(), dir, config: config.clone() };
+        let mut agent = AgentProcess {
+            running: None,
+            backend,
+            http: ([127, 0, 0, 1], 0).into(),
+            dir,
+            config: config.clone(),
+        };
         agent.spawn().await?;
         Ok(agent)
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
+        match self.backend.clone() {
+            AgentBackend::Process => self.spawn_process().await,
+            AgentBackend::Container { networks } => self.spawn_container(&networks).await,
+        }
+    }
+
+    /// Creates the container on the first start, starts it again on later ones (same config
+    /// directory, same published port).
+    async fn spawn_container(&mut self, networks: &[String]) -> anyhow::Result<()> {
+        // The image runs as a non-root user: the config directory must be readable by it.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::write(self.config_path(), self.config.render())?;
+        std::fs::set_permissions(self.config_path(), std::fs::Permissions::from_mode(0o644))?;
+        if let Some(Running::Container(id)) = &self.running {
+            docker(&["start", id]).await?;
+            return Ok(());
+        }
+        let port = crate::ports::free_ports(1)?[0];
+        self.http = ([127, 0, 0, 1], port).into();
+        let name = format!("em-agent-{}", crate::etcd::unique_id());
+        let mut args: Vec<String> = vec![
+            "create".into(),
+            "--name".into(),
+            name.clone(),
+            "--label".into(),
+            format!("{}=1", crate::container::LABEL),
+            "--publish".into(),
+            format!("127.0.0.1:{port}:{CONTAINER_HTTP_PORT}"),
+            "--volume".into(),
+            format!("{}:{CONTAINER_CONFIG_DIR}:ro", self.dir.path().display()),
+            "--env".into(),
+            format!("MIRROR_LOG={}", std::env::var("MIRROR_LOG").unwrap_or_else(|_| "info".into())),
+        ];
+        if let Some(first) = networks.first() {
+            args.extend(["--network".into(), first.clone()]);
+        }
+        for (k, v) in &self.config.env {
+            args.extend(["--env".into(), format!("{k}={v}")]);
+        }
+        args.extend([
+            AGENT_IMAGE.into(),
+            "run".into(),
+            "--config".into(),
+            format!("{CONTAINER_CONFIG_DIR}/mirror.toml"),
+            "--listen".into(),
+            format!("0.0.0.0:{CONTAINER_HTTP_PORT}"),
+        ]);
+        args.extend(self.config.args.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let id = docker(&args).await.with_context(|| {
+            format!("creating the agent container from {AGENT_IMAGE} (built by scripts/image.sh)")
+        })?;
+        self.running = Some(Running::Container(id.clone()));
+        for network in networks.iter().skip(1) {
+            docker(&["network", "connect", network, &id]).await?;
+        }
+        docker(&["start", &id]).await?;
+        Ok(())
+    }
+
+    async fn spawn_process(&mut self) -> anyhow::Result<()> {
         let bin = agent_binary();
         if !bin.exists() {
             bail!("{} is missing: run `cargo build -p mirror-agent` (scripts/test.sh does)", bin.display());
@@ -222,7 +327,7 @@ impl AgentProcess {
             .process_group(0)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
-        self.child = Some(child);
+        self.running = Some(Running::Process(child));
         Ok(())
     }
 
@@ -235,9 +340,28 @@ impl AgentProcess {
     pub fn reload(&mut self, config: AgentConfig) -> anyhow::Result<()> {
         self.config = config;
         std::fs::write(self.config_path(), self.config.render())?;
-        let pid = self.pid().context("agent is not running")?;
-        crate::process::send(pid, libc::SIGHUP);
-        Ok(())
+        self.signal(libc::SIGHUP)
+    }
+
+    /// Sends `sig` to the running agent (STOP freezes it, CONT thaws it, HUP reloads).
+    pub fn signal(&self, sig: libc::c_int) -> anyhow::Result<()> {
+        match &self.running {
+            Some(Running::Process(child)) => {
+                crate::process::send(child.id().context("agent has exited")?, sig);
+                Ok(())
+            }
+            Some(Running::Container(id)) => {
+                let out = std::process::Command::new("docker")
+                    .args(["kill", "--signal", &sig.to_string(), id])
+                    .output()
+                    .context("running docker kill")?;
+                if !out.status.success() {
+                    bail!("docker kill --signal {sig}: {}", String::from_utf8_lossy(&out.stderr).trim());
+                }
+                Ok(())
+            }
+            None => bail!("agent is not running"),
+        }
     }
 
     /// Starts the agent again after it exited (same config unless replaced).
@@ -257,7 +381,16 @@ impl AgentProcess {
 
     /// Everything the agent logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        match &self.running {
+            Some(Running::Container(id)) => std::process::Command::new("docker")
+                .args(["logs", id])
+                .output()
+                .map(|o| {
+                    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+                })
+                .unwrap_or_default(),
+            _ => std::fs::read_to_string(self.log_path()).unwrap_or_default(),
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -312,27 +445,49 @@ impl AgentProcess {
 
     /// SIGTERM and wait; returns the exit code.
     pub async fn terminate(&mut self) -> anyhow::Result<Option<i32>> {
-        let Some(mut child) = self.child.take() else { return Ok(None) };
-        if let Some(pid) = child.id() {
-            crate::process::send(pid, libc::SIGTERM);
+        match self.running.take() {
+            None => Ok(None),
+            Some(Running::Process(mut child)) => {
+                if let Some(pid) = child.id() {
+                    crate::process::send(pid, libc::SIGTERM);
+                }
+                let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+                    .await
+                    .context("agent did not stop on SIGTERM")??;
+                Ok(status.code())
+            }
+            Some(Running::Container(id)) => {
+                // docker stop: SIGTERM, then SIGKILL after 30 s (which would show as exit 137).
+                let stopped = docker(&["stop", "--time", "30", &id]).await;
+                let code = docker(&["inspect", "--format", "{{.State.ExitCode}}", &id]).await;
+                self.running = Some(Running::Container(id));
+                stopped?;
+                Ok(Some(code?.parse().context("docker inspect exit code")?))
+            }
         }
-        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-            .await
-            .context("agent did not stop on SIGTERM")??;
-        Ok(status.code())
     }
 
     /// SIGKILL, no warning.
     pub async fn kill9(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.child.take() {
-            child.kill().await?;
+        match &mut self.running {
+            Some(Running::Process(child)) => {
+                child.kill().await?;
+                self.running = None;
+            }
+            Some(Running::Container(id)) => {
+                docker(&["kill", id]).await?;
+            }
+            None => {}
         }
         Ok(())
     }
 
-    /// The process id while running.
+    /// The process id while running as a child process (`None` in a container).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(Child::id)
+        match &self.running {
+            Some(Running::Process(child)) => child.id(),
+            _ => None,
+        }
     }
 
     /// Peak resident memory of the running agent in bytes (VmHWM), where /proc has it.
@@ -343,8 +498,37 @@ impl AgentProcess {
         Some(kib * 1024)
     }
 
-    /// Whether the process is still running.
+    /// Whether the agent is still running.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        match &mut self.running {
+            Some(Running::Process(c)) => c.try_wait().ok().flatten().is_none(),
+            Some(Running::Container(id)) => std::process::Command::new("docker")
+                .args(["inspect", "--format", "{{.State.Running}}", id.as_str()])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true"),
+            None => false,
+        }
     }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(Running::Container(id)) = &self.running {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "--force", id.as_str()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Runs `docker ARGS`; its trimmed stdout, or an error with its stderr.
+async fn docker(args: &[&str]) -> anyhow::Result<String> {
+    let out =
+        Command::new("docker").args(args).stdin(Stdio::null()).output().await.context("running docker")?;
+    if !out.status.success() {
+        bail!("docker {}: {}", args.first().unwrap_or(&""), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

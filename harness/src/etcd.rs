@@ -217,6 +217,8 @@ impl Node {
 pub struct EtcdCluster {
     spec: ClusterSpec,
     nodes: Vec<Node>,
+    /// The Docker network of a container cluster.
+    network: String,
     // Dropped after the nodes, so containers are gone before their bind-mounted data.
     _data: tempfile::TempDir,
 }
@@ -284,7 +286,7 @@ impl EtcdCluster {
         }))
         .await;
         let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-        let cluster = EtcdCluster { spec: spec.clone(), nodes, _data: data };
+        let cluster = EtcdCluster { spec: spec.clone(), nodes, network, _data: data };
         for node in &cluster.nodes {
             if let Err(e) =
                 wait_serving(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(30)).await
@@ -312,6 +314,20 @@ impl EtcdCluster {
     /// Client endpoints of every member.
     pub fn endpoints(&self) -> Vec<String> {
         self.nodes.iter().map(Node::endpoint).collect()
+    }
+
+    /// The Docker network its member containers are on (`None` for processes).
+    pub fn docker_network(&self) -> Option<String> {
+        (self.spec.backend == Backend::Container).then(|| self.network.clone())
+    }
+
+    /// Client endpoints as seen from another container on [`EtcdCluster::docker_network`]
+    /// (`scheme://member-name:2379`); `None` for processes.
+    pub fn network_endpoints(&self) -> Option<Vec<String>> {
+        self.docker_network()?;
+        Some(
+            self.nodes.iter().map(|n| format!("{}://{}:2379", n.plan.client_scheme(), n.plan.name)).collect(),
+        )
     }
 
     /// Member `i`.
@@ -461,7 +477,7 @@ pub async fn wait_serving(
     bail!("etcd at {endpoints:?} not serving after {within:?}: {last}")
 }
 
-fn unique_id() -> String {
+pub(crate) fn unique_id() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos =

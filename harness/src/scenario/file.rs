@@ -10,6 +10,9 @@
 //! - `load`, `put` and `del` take `side = "target"` (keys relative to `target.prefix`), and
 //!   `put`/`del` take `checkpoint = true` for the link's checkpoint key (a corrupt-checkpoint
 //!   scenario writes it).
+//! - `agent_backend = "container"` (top level) runs every agent as a container of the image
+//!   `scripts/image.sh` builds, on the etcd containers' networks; network faults (`cut`, `heal`,
+//!   `delay`) act on the fault proxies, which such agents bypass, so they are refused there.
 
 use std::fmt;
 
@@ -36,6 +39,8 @@ pub struct Scenario {
     pub target: SideSpec,
     /// `[agent] toml`: merged into every generated agent config.
     pub agent_toml: String,
+    /// `agent_backend`: where the agents run.
+    pub agent_backend: AgentKind,
     /// The steps, in order.
     pub steps: Vec<StepAt>,
 }
@@ -78,6 +83,28 @@ fn one() -> usize {
     1
 }
 
+/// Where a scenario's agents run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentKind {
+    /// Child processes of the harness, reaching etcd through fault proxies.
+    #[default]
+    Process,
+    /// Containers of `etcd-mirror/agent:dev`, reaching etcd on its Docker networks.
+    Container,
+}
+
+impl AgentKind {
+    /// `process` or `container`.
+    pub fn parse(text: &str) -> anyhow::Result<AgentKind> {
+        match text {
+            "process" => Ok(AgentKind::Process),
+            "container" => Ok(AgentKind::Container),
+            other => bail!("unknown agent backend {other:?} (process or container)"),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
@@ -94,6 +121,8 @@ struct RawFile {
     target: SideSpec,
     #[serde(default)]
     agent: RawAgent,
+    #[serde(default)]
+    agent_backend: AgentKind,
     #[serde(default)]
     step: Vec<toml::Spanned<toml::Table>>,
 }
@@ -470,6 +499,11 @@ impl Step {
         }
     }
 
+    /// Whether it acts on the fault proxies between the agents and a side.
+    fn is_network_fault(&self) -> bool {
+        matches!(self, Step::Partition { .. } | Step::Heal { .. } | Step::Delay { .. })
+    }
+
     /// Whether it may run in the background: it only talks to the clusters.
     fn may_run_in_background(&self) -> bool {
         matches!(
@@ -555,6 +589,12 @@ impl Scenario {
                 )));
             }
             check_step(&step).map_err(|e| at(&e))?;
+            if raw.agent_backend == AgentKind::Container && step.is_network_fault() {
+                return Err(at(&format!(
+                    "{} acts on the fault proxies, which container agents (agent_backend) bypass",
+                    step.kind()
+                )));
+            }
             steps.push(StepAt { line, background, g3_checker, step });
         }
         Ok(Scenario {
@@ -565,6 +605,7 @@ impl Scenario {
             source: raw.source,
             target: raw.target,
             agent_toml: raw.agent.toml,
+            agent_backend: raw.agent_backend,
             steps,
         })
     }

@@ -71,7 +71,7 @@ mod file;
 mod run;
 
 pub use file::{
-    parse_condition, parse_until, MemberRef, RevisionRef, Scenario, SideName, SideSpec, Signal, Step, StepAt,
-    Until,
+    parse_condition, parse_until, AgentKind, MemberRef, RevisionRef, Scenario, SideName, SideSpec, Signal,
+    Step, StepAt, Until,
 };
 pub use run::{run, run_file, RunOptions};

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use super::file::{MemberRef, RevisionRef, Scenario, SideName, Signal, Step, StepAt, Until};
 use super::FAST_SYNC_TOML;
 use crate::{
-    agent_command, check_g3, difference_now, load_keys, AgentConfig, AgentProcess, Backend, Churn,
-    ClusterSpec, EtcdCluster, EtcdVersion, G3Violation, Proxies, G3,
+    agent_command, check_g3, difference_now, load_keys, AgentBackend, AgentConfig, AgentProcess, Backend,
+    Churn, ClusterSpec, EtcdCluster, EtcdVersion, G3Violation, Proxies, G3,
 };
 
 /// How a run is done.
@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub backend: Option<Backend>,
     /// Extra environment for every agent process (e.g. a debug-build failpoint).
     pub agent_env: Vec<(String, String)>,
+    /// Overrides the file's `agent_backend`.
+    pub agent_backend: Option<super::AgentKind>,
 }
 
 /// Parses and runs the scenario file at `path`; `Err` names the failed step.
@@ -98,6 +100,7 @@ struct Run<'a> {
     target_proxies: Proxies,
     src: Client,
     base: AgentConfig,
+    agent_backend: AgentBackend,
     agents: BTreeMap<String, Agent>,
     stopped: HashSet<(bool, usize)>,
     background: Vec<Background>,
@@ -131,12 +134,20 @@ impl<'a> Run<'a> {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
             .collect();
-        let mut base = AgentConfig::new(
-            &link,
-            source_proxies.endpoints(),
-            target_proxies.endpoints(),
-            scenario.source_prefix(),
-        );
+        let (agent_backend, source_endpoints, target_endpoints) =
+            match opts.agent_backend.unwrap_or(scenario.agent_backend) {
+                super::AgentKind::Process => {
+                    (AgentBackend::Process, source_proxies.endpoints(), target_proxies.endpoints())
+                }
+                super::AgentKind::Container => {
+                    let (Some(s), Some(t)) = (source.network_endpoints(), target.network_endpoints()) else {
+                        bail!("agent_backend = \"container\" needs etcd in containers (--backend container)");
+                    };
+                    let networks = [&source, &target].iter().filter_map(|c| c.docker_network()).collect();
+                    (AgentBackend::Container { networks }, s, t)
+                }
+            };
+        let mut base = AgentConfig::new(&link, source_endpoints, target_endpoints, scenario.source_prefix());
         base.target_prefix = scenario.target_prefix().to_owned();
         let mut base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml);
         base.env.extend(opts.agent_env.iter().cloned());
@@ -160,6 +171,7 @@ impl<'a> Run<'a> {
             target_proxies,
             src,
             base,
+            agent_backend,
             agents: BTreeMap::new(),
             stopped: HashSet::new(),
             background: Vec::new(),
@@ -438,7 +450,7 @@ impl<'a> Run<'a> {
         if let Some(e) = epoch {
             config = config.epoch(e);
         }
-        let process = AgentProcess::start(&config).await?;
+        let process = AgentProcess::start_on(&config, self.agent_backend.clone()).await?;
         let url = process.url();
         self.agents.insert(id.to_owned(), Agent { process, config, exit: None });
         Ok(url)
@@ -458,9 +470,8 @@ impl<'a> Run<'a> {
                 Ok(String::new())
             }
             Signal::Stop | Signal::Cont => {
-                let pid = agent.process.pid().with_context(|| format!("agent {id:?} is not running"))?;
                 let sig = if signal == Signal::Stop { libc::SIGSTOP } else { libc::SIGCONT };
-                crate::process::send(pid, sig);
+                agent.process.signal(sig).with_context(|| format!("agent {id:?}"))?;
                 Ok(String::new())
             }
         }
@@ -473,10 +484,14 @@ impl<'a> Run<'a> {
         args: &[&str],
         expect: i32,
     ) -> anyhow::Result<String> {
-        let config = match self.agents.get(id) {
+        let mut config = match self.agents.get(id) {
             Some(a) => a.config.clone(),
             None => self.base.clone(),
         };
+        // One-shot commands run on the host, so through the proxies even when the agents run
+        // in containers (and see etcd by its container names).
+        config.source = self.source_proxies.endpoints();
+        config.target = self.target_proxies.endpoints();
         let out = agent_command(&config, command, args).await?;
         let code = out.status.code();
         if code != Some(expect) {
@@ -695,11 +710,11 @@ impl<'a> Run<'a> {
             bg.handle.abort();
         }
         for agent in self.agents.values_mut() {
-            if let Some(pid) = agent.process.pid() {
-                crate::process::send(pid, libc::SIGCONT);
-            }
+            let _ = agent.process.signal(libc::SIGCONT);
             let _ = agent.process.kill9().await;
         }
+        // Agent containers leave the clusters' networks before the clusters remove them.
+        self.agents.clear();
         for cluster in [&mut self.source, &mut self.target] {
             for node in cluster.nodes() {
                 let _ = node.unpause().await;

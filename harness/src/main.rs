@@ -60,6 +60,9 @@ enum Command {
         /// Where etcd runs: process or container (default: container when Docker answers).
         #[arg(long)]
         backend: Option<String>,
+        /// Where the agents run: process or container (overrides the file's agent_backend).
+        #[arg(long)]
+        agent_backend: Option<String>,
     },
     /// Random faults over churn, from a seed; ends healed with expect equal and verify. On
     /// failure the schedule is written to chaos-SEED.toml for `harness scenario`.
@@ -122,11 +125,15 @@ fn backend(b: &str) -> anyhow::Result<harness::Backend> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Scenario { file, seed, keep, backend: b } => {
+        Command::Scenario { file, seed, keep, backend: b, agent_backend } => {
             let opts = harness::scenario::RunOptions {
                 seed,
                 keep,
                 backend: b.as_deref().map(backend).transpose()?,
+                agent_backend: agent_backend
+                    .as_deref()
+                    .map(harness::scenario::AgentKind::parse)
+                    .transpose()?,
                 ..Default::default()
             };
             if let Err(e) = harness::scenario::run_file(&file, &opts).await {

@@ -115,7 +115,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     }
 }
 
-/// The cutover's stage, for the progress line: its first word names the stage.
+/// The cutover's stage, for the progress line: what comes before its `:` names the stage.
 fn stage(s: &Status, compared: u64) -> String {
     let drain_target = s.cutover.as_ref().map_or(0, |c| c.drain_target_revision);
     match s.phase {

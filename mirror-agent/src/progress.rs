@@ -39,15 +39,15 @@ impl Progress {
         Progress { label, bar, last_line: None }
     }
 
-    /// Moves to `pos` with `message`; a plain line when the stage (the message's first word)
-    /// changed or [`PLAIN_EVERY`] passed.
+    /// Moves to `pos` with `message`; a plain line when the stage (what the message says before
+    /// a `:`, if anything) changed or [`PLAIN_EVERY`] passed.
     pub fn set(&mut self, pos: u64, message: String) {
         if let Some(bar) = &self.bar {
             bar.set_position(pos);
             bar.set_message(message);
             return;
         }
-        let stage = |m: &str| m.split_whitespace().next().unwrap_or_default().to_owned();
+        let stage = |m: &str| m.split_once(':').map(|(stage, _)| stage.to_owned()).unwrap_or_default();
         let due = match &self.last_line {
             None => true,
             Some((at, last)) => stage(last) != stage(&message) || at.elapsed() >= PLAIN_EVERY,

@@ -68,18 +68,8 @@ pub async fn check_g3(
         return Ok(G3::NotYet);
     }
     let w = record.watermark;
-    let mut target_kvs = Vec::new();
-    for window in rewriter.target_windows() {
-        target_kvs.extend(read_window(target, &window, at).await?);
-    }
-    let mut source_kvs = Vec::new();
-    for window in rewriter.scan_windows() {
-        for (k, v) in read_window(source, &window, w).await? {
-            if let Some(t) = rewriter.to_target(&k) {
-                source_kvs.push((t, v));
-            }
-        }
-    }
+    let mut target_kvs = read_target(target, rewriter, at).await?;
+    let source_kvs = read_source(source, rewriter, w).await?;
     if let Some(diff) = difference(source_kvs, &mut target_kvs) {
         return Err(G3Violation(format!("G3 violated at watermark {w} (target read at {at}): {diff}")).into());
     }
@@ -94,19 +84,39 @@ pub async fn difference_now(
     target: &mut Client,
     rewriter: &KeyRewriter,
 ) -> anyhow::Result<Option<String>> {
-    let mut source_kvs = Vec::new();
+    let source_kvs = read_source(source, rewriter, 0).await?;
+    let mut target_kvs = read_target(target, rewriter, 0).await?;
+    Ok(difference(source_kvs, &mut target_kvs))
+}
+
+/// The link's source range at `revision` (0 = latest), keys rewritten to the target's.
+async fn read_source(
+    source: &mut Client,
+    rewriter: &KeyRewriter,
+    revision: i64,
+) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut kvs = Vec::new();
     for window in rewriter.scan_windows() {
-        for (k, v) in read_window(source, &window, 0).await? {
+        for (k, v) in read_window(source, &window, revision).await? {
             if let Some(t) = rewriter.to_target(&k) {
-                source_kvs.push((t, v));
+                kvs.push((t, v));
             }
         }
     }
-    let mut target_kvs = Vec::new();
+    Ok(kvs)
+}
+
+/// The link's target range at `revision` (0 = latest).
+async fn read_target(
+    target: &mut Client,
+    rewriter: &KeyRewriter,
+    revision: i64,
+) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut kvs = Vec::new();
     for window in rewriter.target_windows() {
-        target_kvs.extend(read_window(target, &window, 0).await?);
+        kvs.extend(read_window(target, &window, revision).await?);
     }
-    Ok(difference(source_kvs, &mut target_kvs))
+    Ok(kvs)
 }
 
 /// Sorts both and describes how they differ, if they do.

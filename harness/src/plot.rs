@@ -57,24 +57,19 @@ where
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d((0.01f64..max_ms).log_scale(), 0f64..1f64)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("lag, ms (log)")
-        .y_desc("fraction of writes")
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(plot_error)?;
+    chart.configure_mesh().x_desc("lag, ms (log)").y_desc("fraction of writes").draw().map_err(plot_error)?;
     for (i, t) in f.tails.iter().enumerate() {
         let colour = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(cdf(&t.agent), colour.stroke_width(3)))
-            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .map_err(plot_error)?
             .label(format!("agent, {} writes/s", t.rate))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(3)));
         if let Some(mm) = &t.make_mirror {
             chart
                 .draw_series(LineSeries::new(cdf(mm), colour.stroke_width(1)))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .map_err(plot_error)?
                 .label(format!("make-mirror, {} writes/s", t.rate))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(1)));
         }
@@ -85,7 +80,7 @@ where
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(plot_error)?;
     Ok(())
 }
 
@@ -118,7 +113,7 @@ where
         .x_label_area_size(40)
         .y_label_area_size(190)
         .build_cartesian_2d(0f64..max, (0..bars.len()).into_segmented())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(plot_error)?;
     let names: Vec<String> = bars.iter().map(|(n, _)| n.clone()).collect();
     let label = |v: &SegmentValue<usize>| match v {
         SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
@@ -132,13 +127,13 @@ where
         .x_label_formatter(&|v| format!("{:.0}k", v / 1e3))
         .x_desc("keys/s")
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(plot_error)?;
     chart
         .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
             let colour = if i == 0 { BLACK.mix(0.5) } else { Palette99::pick(i).mix(0.8) };
             Rectangle::new([(0.0, SegmentValue::Exact(i)), (*v, SegmentValue::Exact(i + 1))], colour.filled())
         }))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(plot_error)?;
     Ok(())
 }
 

@@ -5,6 +5,27 @@ use std::time::Duration;
 use harness::{ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
 
+/// A target etcd, a client of it, the checkpoint key and the writer's deadline.
+struct Fixture {
+    target: EtcdCluster,
+    client: etcd_client::Client,
+    key: Vec<u8>,
+    timeout: Duration,
+}
+
+async fn setup(timeout: Duration) -> Fixture {
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let client = target.client().await.unwrap();
+    Fixture { target, client, key: b"/f/\0etcd-mirror/checkpoint".to_vec(), timeout }
+}
+
+/// Fault proxies in front of `target`, and a client through them.
+async fn through_proxy(target: &EtcdCluster) -> (harness::Proxies, etcd_client::Client) {
+    let proxies = target.proxies().await.unwrap();
+    let through = etcd_client::Client::connect(proxies.endpoints(), None).await.unwrap();
+    (proxies, through)
+}
+
 fn record(watermark: i64) -> Checkpoint {
     Checkpoint {
         link_uid: "fence".into(),
@@ -29,10 +50,7 @@ fn record(watermark: i64) -> Checkpoint {
 /// write (defect #9 of issue 10: the record had nothing unique per attempt).
 #[tokio::test]
 async fn identical_records_of_two_writers_are_never_adopted() {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let client = target.client().await.unwrap();
-    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
-    let timeout = Duration::from_secs(5);
+    let Fixture { target: _target, client, key, timeout } = setup(Duration::from_secs(5)).await;
     let mut first =
         FencedWriter::claim(client.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
             .await
@@ -56,10 +74,7 @@ async fn identical_records_of_two_writers_are_never_adopted() {
 /// wins with carries the busy writer's last watermark, and that writer's next commit is fenced.
 #[tokio::test]
 async fn a_higher_epoch_keeps_claiming_through_lost_races() {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let client = target.client().await.unwrap();
-    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
-    let timeout = Duration::from_secs(5);
+    let Fixture { target: _target, client, key, timeout } = setup(Duration::from_secs(5)).await;
     let mut busy = FencedWriter::claim(client.kv_client(), key.clone(), Observed::Absent, record(0), timeout)
         .await
         .unwrap();
@@ -103,12 +118,8 @@ async fn a_higher_epoch_keeps_claiming_through_lost_races() {
 /// `harness/scenarios/target-paused.toml`).
 #[tokio::test]
 async fn a_retried_commit_that_had_landed_is_adopted() {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let proxies = target.proxies().await.unwrap();
-    let through = etcd_client::Client::connect(proxies.endpoints(), None).await.unwrap();
-    let mut direct = target.client().await.unwrap();
-    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
-    let timeout = Duration::from_secs(1);
+    let Fixture { target, client: mut direct, key, timeout } = setup(Duration::from_secs(1)).await;
+    let (proxies, through) = through_proxy(&target).await;
     let mut writer =
         FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
             .await
@@ -136,10 +147,7 @@ async fn a_retried_commit_that_had_landed_is_adopted() {
 /// (found by `harness chaos --seed 42`, a fence bump under churn).
 #[tokio::test]
 async fn a_claim_never_rewinds_a_moving_checkpoint() {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let client = target.client().await.unwrap();
-    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
-    let timeout = Duration::from_secs(5);
+    let Fixture { target: _target, client, key, timeout } = setup(Duration::from_secs(5)).await;
     let mut running =
         FencedWriter::claim(client.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
             .await
@@ -165,11 +173,8 @@ async fn a_claim_never_rewinds_a_moving_checkpoint() {
 /// instead of `EpochRegressed`, which would park it in standby behind its own write.
 #[tokio::test]
 async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let proxies = target.proxies().await.unwrap();
-    let through = etcd_client::Client::connect(proxies.endpoints(), None).await.unwrap();
-    let key = b"/f/\0etcd-mirror/checkpoint".to_vec();
-    let timeout = Duration::from_secs(1);
+    let Fixture { target, key, timeout, .. } = setup(Duration::from_secs(1)).await;
+    let (proxies, through) = through_proxy(&target).await;
     let mut writer =
         FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
             .await

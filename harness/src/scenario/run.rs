@@ -539,15 +539,22 @@ impl<'a> Run<'a> {
 
     async fn wait(&mut self, until: &str, timeout: Duration, id: &str) -> anyhow::Result<String> {
         let until = super::parse_until(until)?;
-        let deadline = Instant::now() + timeout;
+        self.poll_until(&until, id, Instant::now() + timeout)
+            .await
+            .map_err(|why| anyhow::anyhow!("not reached within {timeout:?}: {why}"))?;
+        Ok(String::new())
+    }
+
+    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed.
+    async fn poll_until(&mut self, until: &Until, id: &str, deadline: Instant) -> Result<(), String> {
         loop {
-            let why = match self.holds(&until, id).await {
-                Ok(None) => return Ok(String::new()),
+            let why = match self.holds(until, id).await {
+                Ok(None) => return Ok(()),
                 Ok(Some(why)) => why,
                 Err(e) => format!("{e:#}"),
             };
             if Instant::now() >= deadline {
-                bail!("not reached within {timeout:?}: {why}");
+                return Err(why);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -582,16 +589,8 @@ impl<'a> Run<'a> {
         }
         let deadline = Instant::now() + timeout.get();
         for until in &eventually {
-            loop {
-                let why = match self.holds(until, agent).await {
-                    Ok(None) => break,
-                    Ok(Some(why)) => why,
-                    Err(e) => format!("{e:#}"),
-                };
-                if Instant::now() >= deadline {
-                    bail!("expected {until:?} within {:?}: {why}", timeout.get());
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Err(why) = self.poll_until(until, agent, deadline).await {
+                bail!("expected {until:?} within {:?}: {why}", timeout.get());
             }
         }
         if *equal == Some(false) {

@@ -6,8 +6,9 @@
 //!   nested Txns (N inner Txns of 128 - N puts in one Txn), to show where nesting stops paying;
 //! - a naive copier: one reader of exact 1 000-key windows (no Get walks the rest of the
 //!   range) and 4 unfenced writers of 128-op Txns, no checkpoint;
-//! - the agent's initial sync, timed by polling a count-only read of the target until every
-//!   key is there (a digest would disturb it), then checked equal once;
+//! - the agent's initial sync, timed by polling a point Get of the last key on the target, then
+//!   a count until every key is there (a count or a digest per poll would disturb it: see
+//!   [`wait_for_landed`]), then checked equal once;
 //! - `etcdctl make-mirror`'s initial sync (3.5.1's etcdctl), on a pair of its own;
 //! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
 //!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
@@ -51,6 +52,10 @@ pub struct BenchPlan {
     pub nested: Vec<usize>,
     /// Where to draw the figures as SVG.
     pub plot: Option<PathBuf>,
+    /// TOML merged over the agent's config (to measure other settings).
+    pub agent_toml: String,
+    /// Stop after the agent's initial sync (ceiling, copier, agent only).
+    pub sync_only: bool,
 }
 
 /// What one run measured; [`crate::plot::draw`] draws it.
@@ -112,7 +117,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         "target write ceiling, {WRITERS} writers x flat {FLAT_OPS}-op Txn: {:>10.0} keys/s = 1.00 (baseline)",
         f.ceiling
     );
-    for &n in &plan.nested {
+    for &n in plan.nested.iter().filter(|_| !plan.sync_only) {
         let rate = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, n)).await?;
         println!(
             "  nested, {n:>2} x {} puts per Txn:                 {rate:>10.0} keys/s = {:.2} x",
@@ -136,10 +141,11 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
     let mut dst = target.client().await?;
     let cfg = AgentConfig::new("bench", source.endpoints(), target.endpoints(), "/bench/")
-        .with("[sync]\nprogress_interval = \"1s\"");
+        .overlay("[sync]\nprogress_interval = \"1s\"")
+        .overlay(&plan.agent_toml);
     let started = Instant::now();
     let mut agent = AgentProcess::start(&cfg).await?;
-    wait_for_count(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
+    wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
     f.agent_sync = plan.keys as f64 / started.elapsed().as_secs_f64();
     agent.wait_for("initial sync", Duration::from_secs(600), |s| s.condition("InitialSyncComplete")).await?;
     let equal = crate::scenario::g3_of(&source, &target, &cfg).await?;
@@ -150,6 +156,17 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         f.agent_sync / f.ceiling,
         f.agent_sync / f.copier
     );
+
+    if plan.sync_only {
+        f.peak_rss = agent.peak_rss_bytes();
+        if let Some(b) = f.peak_rss {
+            println!(
+                "agent peak RSS:                                      {:>10.1} MiB",
+                b as f64 / (1 << 20) as f64
+            );
+        }
+        return Ok(f);
+    }
 
     let make_mirror = match MakeMirror::start(version, &plan).await {
         Ok(Some(mm)) => {
@@ -317,16 +334,36 @@ async fn naive_copy(src: Client, dst: Client, keys: usize) -> anyhow::Result<f64
     Ok(keys as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Polls a count-only read of `prefix` until it holds `keys` keys.
-async fn wait_for_count(dst: &mut Client, prefix: &str, keys: usize, within: Duration) -> anyhow::Result<()> {
+/// Waits until the target holds all `keys` keys `prefix + key-%08d` the source was loaded with.
+///
+/// It polls a point Get of the last key, and counts only once that key is there (a few chunks
+/// written concurrently with it may still be in flight). A count-only read of the whole range
+/// is no cheap poll: etcd walks every key of the range in its index under the index's read
+/// lock, which every write needs to take for writing, so polling a count every 50 ms at 1M keys
+/// kept the index locked for most of the run and slowed the very writes being timed (the
+/// "agent slows from 100k to 1M keys" of issue #11 was mostly this).
+async fn wait_for_landed(
+    dst: &mut Client,
+    prefix: &str,
+    keys: usize,
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
+    let last = key(prefix, keys.saturating_sub(1));
+    loop {
+        if dst.get(last.as_str(), None).await?.count() > 0 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{last} never arrived within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     loop {
         let n = dst.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
         if n as usize >= keys {
             return Ok(());
         }
         anyhow::ensure!(Instant::now() < deadline, "only {n} of {keys} keys under {prefix} after {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -363,7 +400,7 @@ impl MakeMirror {
             .kill_on_drop(true)
             .spawn()
             .context("spawning etcdctl make-mirror")?;
-        wait_for_count(&mut dst, "/mm/", plan.make_mirror_keys, Duration::from_secs(300)).await?;
+        wait_for_landed(&mut dst, "/mm/", plan.make_mirror_keys, Duration::from_secs(300)).await?;
         let sync_rate = plan.make_mirror_keys as f64 / started.elapsed().as_secs_f64();
         Ok(Some(MakeMirror { src, dst, sync_rate, _child: child, _pair: (source, target) }))
     }

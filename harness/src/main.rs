@@ -103,6 +103,12 @@ enum Command {
         /// Draw the lag distributions and throughput bars into this SVG file.
         #[arg(long)]
         plot: Option<std::path::PathBuf>,
+        /// TOML merged over the agent's config, e.g. '[sync]\npage_key_limit = 2048'.
+        #[arg(long, default_value = "")]
+        agent_toml: String,
+        /// Stop after the agent's initial sync (ceiling, copier and agent only).
+        #[arg(long)]
+        sync_only: bool,
     },
 }
 
@@ -186,18 +192,28 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Bench { keys, value_size, make_mirror_keys, tail_rate, tail_seconds, nested, plot } => {
-            harness::bench::run(harness::bench::BenchPlan {
-                keys,
-                value_size,
-                make_mirror_keys,
-                tail_rates: tail_rate,
-                tail_seconds,
-                nested,
-                plot,
-            })
-            .await
-            .map(drop)
-        }
+        Command::Bench {
+            keys,
+            value_size,
+            make_mirror_keys,
+            tail_rate,
+            tail_seconds,
+            nested,
+            plot,
+            agent_toml,
+            sync_only,
+        } => harness::bench::run(harness::bench::BenchPlan {
+            keys,
+            value_size,
+            make_mirror_keys,
+            tail_rates: tail_rate,
+            tail_seconds,
+            nested,
+            plot,
+            agent_toml: agent_toml.replace("\\n", "\n"),
+            sync_only,
+        })
+        .await
+        .map(drop),
     }
 }

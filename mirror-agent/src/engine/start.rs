@@ -144,10 +144,12 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The source's current revision, from a count-only Get (no data read).
+    /// The source's current revision: the header of a count-only Get of one key. (A count of
+    /// the whole range would make etcd walk every key of it in its index, under the lock every
+    /// write needs: a second or more at millions of keys.)
     pub(super) async fn source_revision(&mut self) -> Result<i64, EngineError> {
         let range = self.engine.rewriter.source_range();
-        let opts = GetOptions::new().with_range(range.end).with_count_only();
+        let opts = GetOptions::new().with_count_only();
         let resp = unary(
             "revision",
             Side::Source,

@@ -49,14 +49,17 @@ impl Run<'_> {
 
     /// Step 5: the scan, pipelined (SPEC §9's hint).
     ///
-    /// A reader task fetches the next page while the current one is written. Pages are cut into
-    /// Txn-sized chunks and written in *cycles*: every chunk of a cycle but the last goes out as a
-    /// data-only Txn carrying just the fence compare, up to [`SCAN_TXNS_IN_FLIGHT`] at once. They
-    /// all compare the same mod revision, so they never conflict with each other, and scan keys
-    /// are disjoint and idempotent, so their order does not matter. Only when all of them have
-    /// landed does the last chunk go out together with the checkpoint put that advances
-    /// `scan_cursor`. The fence holds: a takeover moves the mod revision and every stale Txn
-    /// fails; a chunk that failed is redone through the fenced, judged commit path.
+    /// A reader task fetches pages and cuts them into Txn-sized chunks of
+    /// [`scan_chunk_ops`] puts (laid out as nested Txns by the writer; chunks span pages, so
+    /// every Txn is full), each with the source key it ends at, up to a cycle ahead of the
+    /// writer. Chunks are written in *cycles*: every chunk of a cycle but the last goes out as
+    /// a data-only Txn carrying just the fence compare, up to [`SCAN_TXNS_IN_FLIGHT`] at once.
+    /// They all compare the same mod revision, so they never conflict with each other, and scan
+    /// keys are disjoint and idempotent, so their order does not matter. Only when all of them
+    /// have landed does the last chunk go out together with the checkpoint put that advances
+    /// `scan_cursor` to its last key: every key up to the cursor has landed. The fence holds: a
+    /// takeover moves the mod revision and every stale Txn fails; a chunk that failed is redone
+    /// through the fenced, judged commit path.
     pub(super) async fn scan(
         &mut self,
         r0: i64,
@@ -65,7 +68,7 @@ impl Run<'_> {
         forwarder: &tokio::task::JoinHandle<(WatchResponseStream, Result<(), EngineError>)>,
     ) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
-        let mut scanner = Scanner::new(
+        let scanner = Scanner::new(
             self.source.kv_client(),
             &self.engine.rewriter,
             cfg.page_key_limit,
@@ -73,56 +76,31 @@ impl Run<'_> {
             cfg.request_timeout.get(),
         )
         .resume_after(&cursor);
-        // A few pages ahead, so the next cycle's pages are read while this one is written;
-        // bounded, so memory stays O(page bytes).
-        let (tx, mut pages) = tokio::sync::mpsc::channel(SCAN_READ_AHEAD_PAGES);
-        let reader = tokio::spawn(async move {
-            loop {
-                let page = scanner.next_page().await;
-                let done = !matches!(page, Ok(Some(_)));
-                if tx.send(page).await.is_err() || done {
-                    return;
-                }
-            }
-        });
+        let chunker = OpChunker::new(scan_chunk_ops(cfg.max_txn_ops), cfg.txn_flush_bytes.bytes() as usize);
+        // One cycle ahead, so the next cycle is read while this one is written; bounded, so
+        // memory stays about two cycles.
+        let (tx, mut chunks) = tokio::sync::mpsc::channel(SCAN_CYCLE_TXNS);
+        let reader = tokio::spawn(read_chunks(scanner, chunker, self.engine.rewriter.clone(), tx));
         let result = async {
-            let max_ops = (cfg.max_txn_ops as usize).saturating_sub(1).max(1);
-            let max_bytes = cfg.txn_flush_bytes.bytes() as usize;
-            let mut cycle: Vec<Vec<Op>> = Vec::new();
-            let mut cursor = cursor;
-            let mut leased = 0u64;
+            let mut cycle = Cycle::default();
             loop {
-                let page = tokio::select! {
-                    page = pages.recv() => page,
+                let chunk = tokio::select! {
+                    chunk = chunks.recv() => chunk,
                     _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 };
-                let Some(page) = page else { break };
-                let Some(page) = page? else { break };
+                let Some(chunk) = chunk else { break };
+                let chunk = chunk?;
                 if forwarder.is_finished() {
                     // The forwarder stops early only on overflow or a compacted watch.
                     return Ok(());
                 }
-                let mut chunker = OpChunker::new(max_ops, max_bytes);
-                for kv in &page.kvs {
-                    let Some(key) = self.engine.rewriter.to_target(kv.key()) else { continue };
-                    leased += u64::from(kv.lease() != 0);
-                    cycle.extend(chunker.push(Op::Put { key, value: kv.value().to_vec() }));
-                }
-                cycle.extend(chunker.take());
-                cursor = page.last_key().map(<[u8]>::to_vec).unwrap_or(cursor);
-                if cycle.len() >= SCAN_CYCLE_TXNS {
-                    self.flush_scan_cycle(
-                        std::mem::take(&mut cycle),
-                        r0,
-                        prune,
-                        &cursor,
-                        std::mem::take(&mut leased),
-                    )
-                    .await?;
+                cycle.push(chunk);
+                if cycle.chunks.len() >= SCAN_CYCLE_TXNS || cycle.bytes >= SCAN_CYCLE_BYTES {
+                    self.flush_scan_cycle(std::mem::take(&mut cycle), r0, prune).await?;
                 }
             }
-            if !cycle.is_empty() {
-                self.flush_scan_cycle(cycle, r0, prune, &cursor, leased).await?;
+            if !cycle.chunks.is_empty() {
+                self.flush_scan_cycle(cycle, r0, prune).await?;
             }
             Ok(())
         }
@@ -134,38 +112,37 @@ impl Run<'_> {
     /// Writes one scan cycle: concurrent data-only Txns, then the last chunk with the cursor.
     pub(super) async fn flush_scan_cycle(
         &mut self,
-        mut cycle: Vec<Vec<Op>>,
+        cycle: Cycle,
         r0: i64,
         prune: bool,
-        cursor: &[u8],
-        leased: u64,
     ) -> Result<(), EngineError> {
-        let Some(last) = cycle.pop() else { return Ok(()) };
-        let keys = cycle.iter().map(Vec::len).sum::<usize>() + last.len();
+        let Cycle { mut chunks, leased, .. } = cycle;
+        let Some(last) = chunks.pop() else { return Ok(()) };
+        let keys = chunks.iter().map(|c| c.ops.len()).sum::<usize>() + last.ops.len();
         let data = self.writer().data_writer();
-        let in_flight = cycle.into_iter().map(|chunk| {
+        let in_flight = chunks.into_iter().map(|chunk| {
             let data = data.clone();
             async move {
-                let landed = data.commit(chunk.iter().map(Op::to_txn_op).collect()).await;
-                (chunk, landed)
+                let landed = data.commit(chunk.ops.iter().map(Op::to_txn_op).collect()).await;
+                (chunk.ops, landed)
             }
         });
         let results: Vec<(Vec<Op>, bool)> =
             futures::stream::iter(in_flight).buffer_unordered(SCAN_TXNS_IN_FLIGHT).collect().await;
-        self.pace(keys - last.len()).await?;
-        for (chunk, landed) in results {
+        self.pace(keys - last.ops.len()).await?;
+        for (ops, landed) in results {
             if !landed {
                 // Redo through the judged path: a moved fence surfaces as a FenceError there.
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&chunk, same).await?;
+                self.commit_with_retry(&ops, same).await?;
             }
         }
         let mut next = self.writer().record().clone();
         next.watermark = r0;
         next.scanning = true;
         next.prune_pending = prune;
-        next.scan_cursor = cursor.to_vec();
-        self.commit_with_retry(&last, next).await?;
+        next.scan_cursor = last.cursor;
+        self.commit_with_retry(&last.ops, next).await?;
         self.engine.update(|s| {
             s.initial_sync.keys += keys as u64;
             s.keys_applied_total += keys as u64;
@@ -173,6 +150,86 @@ impl Run<'_> {
         });
         Ok(())
     }
+}
+
+/// Puts in one scan Txn: [`SCAN_NESTED_TXNS`] nested Txns, each as full as etcd allows under
+/// a parent holding that many ops (`max_txn_ops - n`), less one top-level slot for the
+/// checkpoint put of a cycle's last Txn; never fewer than a flat Txn holds.
+pub(super) fn scan_chunk_ops(max_txn_ops: i64) -> usize {
+    let limit = max_txn_ops.max(2) as usize;
+    let nested = SCAN_NESTED_TXNS.min(limit / 2);
+    (nested * (limit - nested - 1)).max(limit - 1)
+}
+
+/// Scan puts for one Txn and the source key they end at.
+#[derive(Debug)]
+pub(super) struct ScanChunk {
+    ops: Vec<Op>,
+    /// The source key of the last put: the `scan_cursor` once this chunk and all before it
+    /// landed.
+    cursor: Vec<u8>,
+    /// Lease-backed keys among them.
+    leased: u64,
+    bytes: usize,
+}
+
+/// The chunks of one scan cycle.
+#[derive(Debug, Default)]
+pub(super) struct Cycle {
+    chunks: Vec<ScanChunk>,
+    bytes: usize,
+    leased: u64,
+}
+
+impl Cycle {
+    fn push(&mut self, chunk: ScanChunk) {
+        self.bytes += chunk.bytes;
+        self.leased += chunk.leased;
+        self.chunks.push(chunk);
+    }
+}
+
+/// The scan's reader task: pages in key order, rewritten and cut into [`ScanChunk`]s that span
+/// pages, sent until the scan ends, an error (sent too) or the receiver is gone.
+async fn read_chunks(
+    mut scanner: Scanner,
+    mut chunker: OpChunker,
+    rewriter: KeyRewriter,
+    tx: tokio::sync::mpsc::Sender<Result<ScanChunk, EngineError>>,
+) {
+    // The last source key and the lease-backed keys of the chunk being filled.
+    let mut cursor = Vec::new();
+    let mut leased = 0u64;
+    loop {
+        let page = match scanner.next_page().await {
+            Ok(Some(page)) => page,
+            Ok(None) => break,
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return;
+            }
+        };
+        for kv in &page.kvs {
+            let Some(key) = rewriter.to_target(kv.key()) else { continue };
+            if let Some(ops) = chunker.push(Op::Put { key, value: kv.value().to_vec() }) {
+                // `kv` opens the next chunk: the full one ends at the previous key.
+                let chunk = scan_chunk(ops, std::mem::take(&mut cursor), std::mem::take(&mut leased));
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            leased += u64::from(kv.lease() != 0);
+            cursor = kv.key().to_vec();
+        }
+    }
+    if let Some(ops) = chunker.take() {
+        let _ = tx.send(Ok(scan_chunk(ops, cursor, leased))).await;
+    }
+}
+
+fn scan_chunk(ops: Vec<Op>, cursor: Vec<u8>, leased: u64) -> ScanChunk {
+    let bytes = ops.iter().map(Op::size).sum();
+    ScanChunk { ops, cursor, leased, bytes }
 }
 
 /// Reads the watch into the replay buffer during the scan. Ends on `stop` (returning the stream
@@ -218,6 +275,26 @@ pub(super) async fn forward(
         }
         if let Err(overflow) = buffer.lock().await.push(converted.revisions) {
             return (stream, Err(overflow.into()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scan Txn is 8 nested Txns as full as etcd accepts beside the checkpoint put, and
+    /// never smaller than a flat Txn, whatever `max_txn_ops` the target has.
+    #[test]
+    fn scan_txns_nest_up_to_what_etcd_accepts() {
+        assert_eq!(scan_chunk_ops(128), 8 * 119);
+        for limit in [2i64, 3, 4, 16, 17, 64, 128, 1000] {
+            let ops = scan_chunk_ops(limit);
+            assert!(ops >= limit as usize - 1, "{limit}: {ops}");
+            // etcd's rule, with the checkpoint put beside the children at the top level.
+            let puts: Vec<etcd_client::TxnOp> =
+                (0..ops).map(|i| etcd_client::TxnOp::put(format!("k{i}"), "v", None)).collect();
+            assert!(mirror_fence::nest(puts, limit as usize, 1).is_ok(), "{limit}: {ops} ops do not lay out");
         }
     }
 }

@@ -106,9 +106,11 @@ pub use refusal::Refusal;
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
 /// Txns per scan cycle; the last one of each carries the checkpoint.
 const SCAN_CYCLE_TXNS: usize = 16;
-/// Pages the scan reader may fetch ahead of the writer: at least one cycle's worth at the
-/// default page and Txn sizes, so a cycle never waits on reads it could have overlapped.
-const SCAN_READ_AHEAD_PAGES: usize = 8;
+/// Bytes that end a scan cycle early (large values): bounds the cycle in memory, and the one
+/// read ahead of it.
+const SCAN_CYCLE_BYTES: usize = 8 << 20;
+/// Nested Txns per scan Txn ([`genesis::scan_chunk_ops`]).
+const SCAN_NESTED_TXNS: usize = 8;
 
 /// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
 const DRAIN_SETTLE_ATTEMPTS: u32 = 5;

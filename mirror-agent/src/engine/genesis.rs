@@ -76,7 +76,7 @@ impl Run<'_> {
             cfg.request_timeout.get(),
         )
         .resume_after(&cursor);
-        let chunker = OpChunker::new(scan_chunk_ops(cfg.max_txn_ops), cfg.txn_flush_bytes.bytes() as usize);
+        let chunker = self.chunker();
         // One cycle ahead, so the next cycle is read while this one is written; bounded, so
         // memory stays about two cycles.
         let (tx, mut chunks) = tokio::sync::mpsc::channel(SCAN_CYCLE_TXNS);

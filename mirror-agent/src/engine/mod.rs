@@ -352,11 +352,18 @@ impl Run<'_> {
         }
     }
 
-    /// Packs independent target ops by `max_txn_ops` (one slot left for the checkpoint) and
-    /// `txn_flush_bytes`.
+    /// Packs independent target ops (scan puts, repairs, prune deletes) by what one Txn of
+    /// nested Txns holds beside the checkpoint put ([`genesis::scan_chunk_ops`]), by
+    /// `txn_flush_bytes`, and, under `max_ops_per_second`, by about a second of ops (never below
+    /// a flat Txn), so a paced target gets steady Txns rather than bursts and long pauses.
     fn chunker(&self) -> OpChunker {
         let sync = &self.cfg().sync;
-        OpChunker::new((sync.max_txn_ops as usize).saturating_sub(1), sync.txn_flush_bytes.bytes() as usize)
+        let mut ops = genesis::scan_chunk_ops(sync.max_txn_ops);
+        if sync.max_ops_per_second > 0 {
+            let flat = (sync.max_txn_ops.max(2) - 1) as usize;
+            ops = ops.min((sync.max_ops_per_second as usize).max(flat));
+        }
+        OpChunker::new(ops, sync.txn_flush_bytes.bytes() as usize)
     }
 
     /// Page limits and deadline of every reader, as configured.

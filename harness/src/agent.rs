@@ -382,13 +382,7 @@ impl AgentProcess {
     /// Everything the agent logged so far.
     pub fn log(&self) -> String {
         match &self.running {
-            Some(Running::Container(id)) => std::process::Command::new("docker")
-                .args(["logs", id])
-                .output()
-                .map(|o| {
-                    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-                })
-                .unwrap_or_default(),
+            Some(Running::Container(id)) => crate::container::docker_logs(id),
             _ => std::fs::read_to_string(self.log_path()).unwrap_or_default(),
         }
     }

@@ -86,12 +86,7 @@ impl ContainerNode {
     }
 
     pub(crate) fn logs(&self) -> String {
-        let Some(c) = &self.container else { return String::new() };
-        std::process::Command::new("docker")
-            .args(["logs", c.id()])
-            .output()
-            .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-            .unwrap_or_default()
+        self.container.as_ref().map(|c| docker_logs(c.id())).unwrap_or_default()
     }
 
     pub(crate) async fn pause(&mut self) -> anyhow::Result<()> {
@@ -115,4 +110,14 @@ impl Drop for ContainerNode {
                 .status();
         }
     }
+}
+
+/// What container `id` wrote to stdout and stderr so far (empty if `docker logs` fails: this
+/// only ever feeds failure reports).
+pub(crate) fn docker_logs(id: &str) -> String {
+    std::process::Command::new("docker")
+        .args(["logs", id])
+        .output()
+        .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+        .unwrap_or_default()
 }

@@ -191,6 +191,33 @@ async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
     assert!(matches!(other_batch, Err(FenceError::Raced)), "{other_batch:?}");
 }
 
+/// Two answers lost in a row, the first attempt landed and the second (another batch) failed its
+/// compare unseen: the third try must still know the stored record as this writer's own and
+/// report `Raced`. The writer remembered only its last unsettled attempt, so it called its own
+/// first write `EpochRegressed` and parked in standby (found by
+/// `harness/scenarios/target-leader-loss.toml`: a Txn to the killed leader landed, then the
+/// retry's answer was lost while the new leader was elected).
+#[tokio::test]
+async fn a_landed_commit_is_ours_after_more_lost_answers() {
+    let Fixture { target, key, timeout, .. } = setup(Duration::from_secs(1)).await;
+    let (proxies, through) = through_proxy(&target).await;
+    let mut writer =
+        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+    proxies.delay(Duration::from_millis(1_500));
+    let put = |k: &str| vec![etcd_client::TxnOp::put(format!("/f/{k}"), "1", None)];
+    let first = writer.commit(put("first"), Some(record(20))).await;
+    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
+    wait_for_watermark(&target, &key, 20).await;
+    let second = writer.commit(put("second"), Some(record(25))).await;
+    assert!(matches!(second, Err(FenceError::Etcd(_))), "this answer is lost too: {second:?}");
+    proxies.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let third = writer.commit(put("third"), Some(record(30))).await;
+    assert!(matches!(third, Err(FenceError::Raced)), "{third:?}");
+}
+
 /// Waits (reading the target directly) until the delayed commit of `watermark` has landed:
 /// every chunk through the proxy is held, so it arrives seconds after its timeout.
 async fn wait_for_watermark(target: &EtcdCluster, key: &[u8], watermark: i64) {

@@ -18,7 +18,9 @@
 //!
 //! ## Compare failures
 //! Re-read the key: deleted → fence lost; other link → prefix conflict; role primary → cut
-//! over; higher epoch → fenced; lower epoch → taken over only before this writer's first
+//! over; higher epoch → fenced; a record this writer wrote (its commit id carries the writer's
+//! nonce) → one of its lost answers landed under another batch: `Raced`, plan again from the
+//! checkpoint; otherwise a lower or equal epoch → taken over only before this writer's first
 //! successful commit, after it the epoch regressed and the writer stops.
 
 use std::time::Duration;
@@ -28,15 +30,24 @@ use mirror_core::{unary, ErrorClass, EtcdError, Side};
 
 use crate::checkpoint::{Checkpoint, DecodeError, Role};
 
-/// A commit id unique to this attempt: a random per-process nonce and a counter.
-fn next_commit_id() -> String {
+/// A random nonce for one writer (a claim and the commits of the writer it makes): every
+/// commit id it sends starts with it, so a stored record tells whether this writer wrote it.
+fn writer_nonce() -> String {
     use std::hash::{BuildHasher as _, Hasher as _};
+    // Each RandomState has fresh keys (seeded from the OS's randomness, then stepped).
+    format!("{:016x}", std::collections::hash_map::RandomState::new().build_hasher().finish())
+}
+
+/// A commit id unique to this attempt: the writer's nonce and a counter.
+fn next_commit_id(nonce: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
-    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    // RandomState is seeded from the OS's randomness once per process.
-    let nonce = *NONCE.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish());
-    format!("{nonce:016x}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!("{nonce}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Whether `commit` is an id made with `nonce`.
+fn made_with(commit: &str, nonce: &str) -> bool {
+    commit.strip_prefix(nonce).is_some_and(|rest| rest.starts_with('-'))
 }
 
 /// A Txn of `ops` that runs only while the checkpoint key's mod revision is `mod_revision`
@@ -85,6 +96,15 @@ fn replication_state(observed: &Observed) -> Option<Checkpoint> {
     }
 }
 
+/// Whether a linearizable read of the checkpoint (store at `head`, key last written at `seen`,
+/// 0 if absent) shows a target older than this writer's own commit at `committed`. No writer
+/// can move a key's mod revision backwards, and a linearizable read sees every acknowledged
+/// write: so the member that answered lost writes it had acknowledged, or the target was
+/// restored from an older snapshot.
+fn went_back(committed: i64, head: i64, seen: i64) -> bool {
+    head < committed || (seen > 0 && seen < committed)
+}
+
 /// etcd's default `--max-txn-ops`.
 const DEFAULT_MAX_TXN_OPS: usize = 128;
 
@@ -123,6 +143,19 @@ pub enum FenceError {
     /// The checkpoint key was deleted under us.
     #[error("the checkpoint key was deleted: fence lost")]
     FenceLost,
+    /// A read shows the target older than a write it acknowledged to this writer: a member
+    /// lost applied writes (etcd 3.5.0-3.5.2 can, when killed under load: etcd-io/etcd#13766,
+    /// fixed in 3.5.3) or the target was restored from an older snapshot. Its answers, compare
+    /// results included, can no longer be trusted: fail closed.
+    #[error("the target went back: a linearizable read shows revision {head} with the checkpoint written at {seen}, older than this writer's own commit at {committed}; a target member lost writes it had acknowledged (etcd 3.5.0-3.5.2 do when killed under load, etcd-io/etcd#13766; fixed in 3.5.3) or the target was restored from an older snapshot. Writes stopped: compare `etcdctl endpoint status --cluster` revisions, replace the member that is behind (member remove, wipe, add), then restart the agent")]
+    TargetWentBack {
+        /// The checkpoint's mod revision this writer committed.
+        committed: i64,
+        /// The revision of the store that answered.
+        head: i64,
+        /// The checkpoint's mod revision in that answer (0 if absent).
+        seen: i64,
+    },
     /// The checkpoint cannot be decoded; fail closed.
     #[error("checkpoint is corrupt: {0}")]
     Corrupt(#[from] DecodeError),
@@ -170,6 +203,7 @@ impl FenceError {
             FenceError::PrefixConflict { .. } => "PrefixConflict",
             FenceError::CutOver => "TargetPromoted",
             FenceError::FenceLost => "FenceLost",
+            FenceError::TargetWentBack { .. } => "TargetWentBack",
             FenceError::Raced => "FenceRaced",
             FenceError::Corrupt(_) => "CorruptCheckpoint",
             FenceError::Etcd(_) => "EtcdError",
@@ -257,6 +291,8 @@ pub struct FencedWriter {
     /// The last commit whose Txn failed without an answer that settles it (timeout, lost
     /// connection): the record as the caller gave it and the commit id it was sent with.
     unsettled: Option<(Checkpoint, String)>,
+    /// Starts every commit id of this writer (see [`writer_nonce`]).
+    nonce: String,
 }
 
 impl FencedWriter {
@@ -276,6 +312,7 @@ impl FencedWriter {
             mirror_core::ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(1), 2);
         let mut races = 0u32;
         let planned_from = replication_state(&observed);
+        let nonce = writer_nonce();
         loop {
             let lower_epoch_racing =
                 matches!(&observed, Observed::Present { record: stored, .. } if stored.epoch < record.epoch);
@@ -287,7 +324,7 @@ impl FencedWriter {
             }
             races += 1;
             may_claim(&observed, &record)?;
-            record.commit = next_commit_id();
+            record.commit = next_commit_id(&nonce);
             let bytes = record.encode();
             let txn =
                 guarded(&key, observed.mod_revision(), vec![TxnOp::put(key.clone(), bytes.clone(), None)]);
@@ -298,14 +335,15 @@ impl FencedWriter {
                     Observed::Present { create_revision, .. } => *create_revision,
                     Observed::Absent => mod_revision,
                 };
-                return Ok(FencedWriter::holding(kv, key, (mod_revision, create_revision), record, timeout));
+                let revisions = (mod_revision, create_revision);
+                return Ok(FencedWriter::holding(kv, key, revisions, record, timeout, nonce));
             }
             observed = read_checkpoint(&mut kv, &key, timeout).await?;
             if let Observed::Present { record: stored, mod_revision, create_revision } = &observed {
                 if stored.encode() == bytes {
                     // Our own earlier attempt landed.
                     let revisions = (*mod_revision, *create_revision);
-                    return Ok(FencedWriter::holding(kv, key, revisions, record, timeout));
+                    return Ok(FencedWriter::holding(kv, key, revisions, record, timeout, nonce));
                 }
             }
             if replication_state(&observed) != planned_from {
@@ -345,6 +383,7 @@ impl FencedWriter {
         (mod_revision, create_revision): (i64, i64),
         record: Checkpoint,
         timeout: Duration,
+        nonce: String,
     ) -> FencedWriter {
         FencedWriter {
             kv,
@@ -355,6 +394,7 @@ impl FencedWriter {
             timeout,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             unsettled: None,
+            nonce,
         }
     }
 
@@ -408,7 +448,7 @@ impl FencedWriter {
         let next = next.map(|mut n| {
             n.commit = match &self.unsettled {
                 Some((record, id)) if *record == n => id.clone(),
-                _ => next_commit_id(),
+                _ => next_commit_id(&self.nonce),
             };
             n
         });
@@ -430,7 +470,7 @@ impl FencedWriter {
             }
         };
         let revision = resp.header().map_or(0, |h| h.revision());
-        let earlier = self.unsettled.take();
+        self.unsettled = None;
         if resp.succeeded() {
             if let Some(next) = next {
                 self.mod_revision = revision;
@@ -438,25 +478,7 @@ impl FencedWriter {
             }
             return Ok(revision);
         }
-        let outcome = self.judge_failed_compare(next_bytes.as_deref(), next).await;
-        if let (Err(FenceError::EpochRegressed { .. }), Some((mut record, id))) = (&outcome, earlier) {
-            // The key holds an earlier attempt of ours whose answer was lost and which landed,
-            // but this try carries another batch (the caller rebuilt it, e.g. after
-            // re-watching): not a regression. Plan again from the checkpoint as it is.
-            record.commit = id;
-            if self.stored_bytes_are(&record.encode()).await? {
-                return Err(FenceError::Raced);
-            }
-        }
-        outcome
-    }
-
-    /// Whether the checkpoint key holds exactly `bytes`.
-    async fn stored_bytes_are(&mut self, bytes: &[u8]) -> Result<bool, FenceError> {
-        let resp =
-            unary("re-read checkpoint", Side::Target, self.timeout, self.kv.get(self.key.clone(), None))
-                .await?;
-        Ok(resp.kvs().first().is_some_and(|kv| kv.value() == bytes))
+        self.judge_failed_compare(next_bytes.as_deref(), next).await
     }
 
     /// Checks that the fence is still ours without writing: re-reads the key and, if anyone else
@@ -498,6 +520,11 @@ impl FencedWriter {
         let resp =
             unary("re-read checkpoint", Side::Target, self.timeout, self.kv.get(self.key.clone(), None))
                 .await?;
+        let seen = resp.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let head = resp.header().map_or(0, |h| h.revision());
+        if went_back(self.mod_revision, head, seen) {
+            return Err(FenceError::TargetWentBack { committed: self.mod_revision, head, seen });
+        }
         let Some(kv) = resp.kvs().first() else { return Err(FenceError::FenceLost) };
         if let (Some(bytes), Some(next)) = (attempted, next) {
             if kv.value() == bytes {
@@ -518,6 +545,14 @@ impl FencedWriter {
         }
         if stored.epoch > self.record.epoch {
             return Err(FenceError::FencedByNewerEpoch { stored: stored.epoch, ours: self.record.epoch });
+        }
+        if made_with(&stored.commit, &self.nonce) {
+            // One of this writer's commits whose answer was lost landed after all (any of
+            // them: more answers may have been lost since, e.g. while a new target leader was
+            // elected), and this try carries another batch: not a regression. Its data and
+            // checkpoint landed together, so planning again from the checkpoint as it stands
+            // is exact.
+            return Err(FenceError::Raced);
         }
         Err(FenceError::EpochRegressed {
             stored: stored.epoch,
@@ -554,15 +589,28 @@ impl DataWriter {
 mod tests {
     use super::*;
 
-    /// Commit ids never repeat within a process and carry the process's nonce, so two processes
-    /// (two pods with the same host name and pid) never write identical records.
+    /// A read older than our own commit is told apart from a newer writer (higher mod revision)
+    /// and from a deleted key (current head, no key).
     #[test]
-    fn commit_ids_are_unique() {
-        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| next_commit_id()).collect();
+    fn a_read_older_than_our_commit_is_a_target_that_went_back() {
+        assert!(went_back(612, 700, 431), "the key older than our commit");
+        assert!(went_back(612, 500, 0), "the whole store older than our commit");
+        assert!(!went_back(612, 700, 650), "another writer moved the key on");
+        assert!(!went_back(612, 700, 0), "deleted after our commit");
+        assert!(!went_back(612, 612, 612), "our own commit");
+    }
+
+    /// Commit ids never repeat and carry their writer's nonce; two writers (two pods with the
+    /// same host name and pid, or two in one process) never share a nonce, so a writer never
+    /// takes another's record for its own.
+    #[test]
+    fn commit_ids_are_unique_and_name_their_writer() {
+        let (a, b) = (writer_nonce(), writer_nonce());
+        assert_ne!(a, b);
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| next_commit_id(&a)).collect();
         assert_eq!(ids.len(), 10_000);
-        let nonces: std::collections::HashSet<&str> =
-            ids.iter().map(|id| id.split('-').next().unwrap()).collect();
-        assert_eq!(nonces.len(), 1, "one nonce per process");
+        assert!(ids.iter().all(|id| made_with(id, &a) && !made_with(id, &b)));
+        assert!(!made_with(&format!("{a}0-1"), &a), "a longer nonce is another writer's");
     }
 
     /// may_claim: another link, a promoted target and a newer epoch refuse; older or equal

@@ -315,12 +315,14 @@ impl<'a> Run<'a> {
                 let i = self.member(*side, member).await?;
                 self.cluster(*side).node(i).kill().await?;
                 self.stopped.insert((*side == SideName::Source, i));
+                self.members_changed(*side).await?;
                 Ok(format!("member {i}"))
             }
             Step::StopMember { side, member } => {
                 let i = self.member(*side, member).await?;
                 self.cluster(*side).node(i).stop().await?;
                 self.stopped.insert((*side == SideName::Source, i));
+                self.members_changed(*side).await?;
                 Ok(format!("member {i}"))
             }
             Step::StartMember { side, member } => {
@@ -333,6 +335,7 @@ impl<'a> Run<'a> {
                     self.cluster(*side).node(i).start().await?;
                     self.stopped.remove(&(key, i));
                 }
+                self.members_changed(*side).await?;
                 Ok(format!("members {which:?}"))
             }
             Step::PauseMember { side, member } => {
@@ -506,6 +509,16 @@ impl<'a> Run<'a> {
 
     async fn status(&mut self, id: &str) -> anyhow::Result<mirror_core::Status> {
         self.agent(id)?.process.status().await
+    }
+
+    /// After a member of `side` went away or came back: the runner's own source client is
+    /// made again over the members that answer now, as the agent does (a client of a stopped
+    /// member keeps sending it a share of the requests, and the checks fail on those).
+    async fn members_changed(&mut self, side: SideName) -> anyhow::Result<()> {
+        if side == SideName::Source {
+            self.src = self.source.client().await?;
+        }
+        Ok(())
     }
 
     /// Whether `until` holds now: `Ok(None)` when it does, `Ok(Some(why not))` otherwise.

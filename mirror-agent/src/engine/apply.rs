@@ -251,6 +251,12 @@ impl Run<'_> {
                 })
             });
             let rounds = policy.rounds();
+            debug!(
+                watermark = next.watermark,
+                ops = ops.len(),
+                rounds,
+                "fenced Txn failed, retrying in {delay:?}: {err}"
+            );
             if rounds == 3 && self.watch.take().is_some() {
                 warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
             }

@@ -83,7 +83,7 @@ use mirror_watch::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use mirror_core::{Action, ConditionType, RetryPolicy};
 

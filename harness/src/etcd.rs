@@ -388,6 +388,50 @@ impl EtcdCluster {
         Ok(mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &reachable).await?)
     }
 
+    /// Whether the members that answer hold different histories: each one's KV hash at the
+    /// lowest revision they all have, among members with the same compaction. `Some(report)`
+    /// when they disagree. Healthy members never do; etcd 3.5.0-3.5.2 members killed under load
+    /// can (etcd-io/etcd#13766), and then every reader of that member sees stale data, so a
+    /// failed check on such a cluster says little about the agent.
+    pub async fn members_disagree(&self) -> Option<String> {
+        let tls = self.nodes.first().and_then(Node::client_tls);
+        let mut answering = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (side, sync) = client_settings(&[node.endpoint()], tls.as_ref(), Duration::from_secs(1));
+            let ask = async {
+                let mut c = mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &side.endpoints)
+                    .await
+                    .ok()?;
+                let status = c.status().await.ok()?;
+                Some((i, c, status.header()?.revision()))
+            };
+            if let Ok(Some(member)) = tokio::time::timeout(Duration::from_secs(3), ask).await {
+                answering.push(member);
+            }
+        }
+        let at = answering.iter().map(|(_, _, r)| *r).min()?;
+        let mut hashes = Vec::new();
+        for (i, c, revision) in &mut answering {
+            if let Ok(Ok(h)) = tokio::time::timeout(Duration::from_secs(5), c.hash_kv(at)).await {
+                hashes.push((*i, *revision, h.compact_version(), h.hash()));
+            }
+        }
+        let differ = hashes.iter().any(|(_, _, compact, hash)| {
+            hashes.iter().any(|(_, _, other_compact, other)| compact == other_compact && hash != other)
+        });
+        differ.then(|| {
+            let each: Vec<String> = hashes
+                .iter()
+                .map(|(i, revision, _, hash)| format!("member {i}: revision {revision}, hash {hash:08x}"))
+                .collect();
+            format!(
+                "members disagree on the history up to revision {at} ({}): a member lost applied writes \
+                 (etcd 3.5.0-3.5.2 killed under load: etcd-io/etcd#13766)",
+                each.join("; ")
+            )
+        })
+    }
+
     /// A fault proxy in front of every member; the agent dials `proxies.endpoints()`.
     pub async fn proxies(&self) -> anyhow::Result<Proxies> {
         let mut all = Vec::new();

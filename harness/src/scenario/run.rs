@@ -693,6 +693,11 @@ impl<'a> Run<'a> {
     /// Prints the failure with what an operator would look at first.
     async fn report_failure(&mut self, e: &anyhow::Error) {
         println!("FAILED: {e:#}");
+        for (name, cluster) in [("source", &self.source), ("target", &self.target)] {
+            if let Some(report) = cluster.members_disagree().await {
+                println!("--- {name} etcd: {report} ---");
+            }
+        }
         for (id, agent) in &self.agents {
             println!("--- agent {id}: last log lines ---\n{}", tail(&agent.process.log(), 40));
             match agent.process.status().await {

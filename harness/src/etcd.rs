@@ -341,22 +341,10 @@ impl EtcdCluster {
     pub async fn leader_index(&self, within: Duration) -> anyhow::Result<usize> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            for node in &self.nodes {
-                let ask = async {
-                    let mut c =
-                        agent_client(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(1))
-                            .await?;
-                    let status = c.status().await?;
-                    anyhow::Ok((status.leader(), status.header().map_or(0, |h| h.member_id())))
-                };
-                if let Ok(Ok((leader, me))) = tokio::time::timeout(Duration::from_secs(2), ask).await {
-                    if leader != 0 && leader == me {
-                        return Ok(self
-                            .nodes
-                            .iter()
-                            .position(|n| n.name() == node.name())
-                            .expect("own node"));
-                    }
+            for (i, _, status) in self.answering().await {
+                let me = status.header().map_or(0, |h| h.member_id());
+                if status.leader() != 0 && status.leader() == me {
+                    return Ok(i);
                 }
             }
             if tokio::time::Instant::now() >= deadline {
@@ -364,6 +352,25 @@ impl EtcdCluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Each member that answers a status request within 2 s (a stopped or paused one does
+    /// not): its index, a client of it alone, and its status.
+    async fn answering(&self) -> Vec<(usize, Client, etcd_client::StatusResponse)> {
+        let mut out = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let ask = async {
+                let mut c =
+                    agent_client(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(1))
+                        .await?;
+                let status = c.status().await?;
+                anyhow::Ok((c, status))
+            };
+            if let Ok(Ok((c, status))) = tokio::time::timeout(Duration::from_secs(2), ask).await {
+                out.push((i, c, status));
+            }
+        }
+        out
     }
 
     /// All members.
@@ -394,21 +401,12 @@ impl EtcdCluster {
     /// can (etcd-io/etcd#13766), and then every reader of that member sees stale data, so a
     /// failed check on such a cluster says little about the agent.
     pub async fn members_disagree(&self) -> Option<String> {
-        let tls = self.nodes.first().and_then(Node::client_tls);
-        let mut answering = Vec::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (side, sync) = client_settings(&[node.endpoint()], tls.as_ref(), Duration::from_secs(1));
-            let ask = async {
-                let mut c = mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &side.endpoints)
-                    .await
-                    .ok()?;
-                let status = c.status().await.ok()?;
-                Some((i, c, status.header()?.revision()))
-            };
-            if let Ok(Some(member)) = tokio::time::timeout(Duration::from_secs(3), ask).await {
-                answering.push(member);
-            }
-        }
+        let mut answering: Vec<(usize, Client, i64)> = self
+            .answering()
+            .await
+            .into_iter()
+            .map(|(i, c, status)| (i, c, status.header().map_or(0, |h| h.revision())))
+            .collect();
         let at = answering.iter().map(|(_, _, r)| *r).min()?;
         let mut hashes = Vec::new();
         for (i, c, revision) in &mut answering {

@@ -119,26 +119,14 @@ async fn a_higher_epoch_keeps_claiming_through_lost_races() {
 #[tokio::test]
 async fn a_retried_commit_that_had_landed_is_adopted() {
     let Fixture { target, client: mut direct, key, timeout } = setup(Duration::from_secs(1)).await;
-    let (proxies, through) = through_proxy(&target).await;
-    let mut writer =
-        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
-            .await
-            .unwrap();
-
-    // Every chunk is held 1.5 s: the request times out here but reaches etcd and lands.
-    proxies.delay(Duration::from_millis(1_500));
-    let put = || vec![etcd_client::TxnOp::put("/f/landed", "1", None)];
-    let first = writer.commit(put(), Some(record(20))).await;
-    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
-    wait_for_watermark(&target, &key, 20).await;
-
+    let (proxies, mut writer) = landed_with_its_answer_lost(&target, &key, timeout).await;
     proxies.heal();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let retried = writer.commit(put(), Some(record(20))).await;
+    let retried = writer.commit(put("first"), Some(record(20))).await;
     assert!(retried.is_ok(), "the retry adopts the landed commit: {retried:?}");
     assert_eq!(writer.record().watermark, 20);
     writer.commit(Vec::new(), Some(record(21))).await.expect("and the writer goes on");
-    assert_eq!(direct.get("/f/landed", None).await.unwrap().kvs().len(), 1);
+    assert_eq!(direct.get("/f/first", None).await.unwrap().kvs().len(), 1);
 }
 
 /// A claim planned from a read that the running writer has since moved past fails with
@@ -174,16 +162,7 @@ async fn a_claim_never_rewinds_a_moving_checkpoint() {
 #[tokio::test]
 async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
     let Fixture { target, key, timeout, .. } = setup(Duration::from_secs(1)).await;
-    let (proxies, through) = through_proxy(&target).await;
-    let mut writer =
-        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
-            .await
-            .unwrap();
-    proxies.delay(Duration::from_millis(1_500));
-    let put = |k: &str| vec![etcd_client::TxnOp::put(format!("/f/{k}"), "1", None)];
-    let first = writer.commit(put("first"), Some(record(20))).await;
-    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
-    wait_for_watermark(&target, &key, 20).await;
+    let (proxies, mut writer) = landed_with_its_answer_lost(&target, &key, timeout).await;
     proxies.heal();
     // Let the delay line drain what it still holds (the lost answer, the cancellation).
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -200,22 +179,38 @@ async fn a_landed_commit_under_another_batch_is_a_race_not_a_regression() {
 #[tokio::test]
 async fn a_landed_commit_is_ours_after_more_lost_answers() {
     let Fixture { target, key, timeout, .. } = setup(Duration::from_secs(1)).await;
-    let (proxies, through) = through_proxy(&target).await;
-    let mut writer =
-        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
-            .await
-            .unwrap();
-    proxies.delay(Duration::from_millis(1_500));
-    let put = |k: &str| vec![etcd_client::TxnOp::put(format!("/f/{k}"), "1", None)];
-    let first = writer.commit(put("first"), Some(record(20))).await;
-    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
-    wait_for_watermark(&target, &key, 20).await;
+    let (proxies, mut writer) = landed_with_its_answer_lost(&target, &key, timeout).await;
     let second = writer.commit(put("second"), Some(record(25))).await;
     assert!(matches!(second, Err(FenceError::Etcd(_))), "this answer is lost too: {second:?}");
     proxies.heal();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let third = writer.commit(put("third"), Some(record(30))).await;
     assert!(matches!(third, Err(FenceError::Raced)), "{third:?}");
+}
+
+/// One put of `/f/{k}`.
+fn put(k: &str) -> Vec<etcd_client::TxnOp> {
+    vec![etcd_client::TxnOp::put(format!("/f/{k}"), "1", None)]
+}
+
+/// A writer claimed through fault proxies whose first commit (`put("first")`, watermark 20)
+/// landed but lost its answer: every chunk is held 1.5 s, so the request times out here but
+/// reaches etcd. The proxies still delay.
+async fn landed_with_its_answer_lost(
+    target: &EtcdCluster,
+    key: &[u8],
+    timeout: Duration,
+) -> (harness::Proxies, FencedWriter) {
+    let (proxies, through) = through_proxy(target).await;
+    let mut writer =
+        FencedWriter::claim(through.kv_client(), key.to_vec(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+    proxies.delay(Duration::from_millis(1_500));
+    let first = writer.commit(put("first"), Some(record(20))).await;
+    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
+    wait_for_watermark(target, key, 20).await;
+    (proxies, writer)
 }
 
 /// Waits (reading the target directly) until the delayed commit of `watermark` has landed:

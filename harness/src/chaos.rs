@@ -263,6 +263,9 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         g3: Some("held".into()),
         agent_exit: None,
         sole_writer_after: None,
+        max_lag_revisions: None,
+        max_watch_restarts: None,
+        during: None,
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

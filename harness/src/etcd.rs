@@ -1,6 +1,6 @@
 //! Real etcd clusters on demand: one API, two launchers.
 //!
-//! [`EtcdCluster::start`] runs 1 or 3 members of etcd 3.5.1 or 3.4.23 either as Docker
+//! [`EtcdCluster::start`] runs 1 or 3 members of etcd 3.5.30, 3.5.16, 3.5.1 or 3.4.23 either as Docker
 //! containers (through `testcontainers`, from the images `scripts/setup.sh` builds locally) or as
 //! local processes. Each member has its own data directory on the host (bind-mounted into its
 //! container), so a member can be stopped, killed, restarted, or restarted with other flags
@@ -46,11 +46,11 @@ impl Backend {
     }
 }
 
-/// Whether a Docker engine answers and has both local etcd images.
+/// Whether a Docker engine answers and has the local image of every etcd version.
 pub fn docker_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
-        [EtcdVersion::V3_5_1, EtcdVersion::V3_4_23].iter().all(|v| {
+        EtcdVersion::ALL.iter().all(|v| {
             std::process::Command::new("docker")
                 .args(["image", "inspect", "-f", "{{.Id}}", &format!("etcd-mirror/etcd:{}", v.image_tag())])
                 .stdout(std::process::Stdio::null())

@@ -2,7 +2,7 @@
 //!
 //! Real etcd servers, faults and scenarios for etcd-mirror's tests and benchmarks.
 //!
-//! - [`EtcdCluster`]: 1 or 3 members of etcd 3.5.1 or 3.4.23, as Docker containers
+//! - [`EtcdCluster`]: 1 or 3 members of etcd 3.5.30, 3.5.16, 3.5.1 or 3.4.23, as Docker containers
 //!   ([`Backend::Container`], the default when a Docker engine answers) or local processes
 //!   ([`Backend::Process`], or `HARNESS_BACKEND=process`). Members can be stopped, killed,
 //!   started, restarted with other flags, paused and unpaused.

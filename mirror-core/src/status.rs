@@ -290,6 +290,10 @@ pub struct Status {
     pub forced_resyncs: ForcedResyncs,
     /// Genesis restarts (buffer overflow, compaction mid-scan).
     pub scan_restarts: u64,
+    /// Source watches opened after the first one of this process (any reconnect, a re-watch
+    /// after sustained target backoff, a genesis restart). An idle link should not add to it.
+    #[serde(default)]
+    pub watch_restarts: u64,
     /// Source keys in scope at the last count.
     pub source_keys: Option<u64>,
     /// Target keys in the destination range at the last count.

@@ -368,6 +368,29 @@ pub async fn find_foreign_link(
     Ok(None)
 }
 
+/// The destination prefixes of every other link nested in the destination range of `rewriter`
+/// (each found by its reserved namespace, by a keys-only pass over the target windows). Every
+/// key under one of them is that link's: no pass of ours may delete it, whatever its mod
+/// revision says.
+pub async fn foreign_dest_prefixes(
+    kv: KvClient,
+    rewriter: &KeyRewriter,
+    page: PagerOptions,
+) -> Result<Vec<Vec<u8>>, EtcdError> {
+    let marker = mirror_core::RESERVED_MARKER.len();
+    let mut prefixes: Vec<Vec<u8>> = Vec::new();
+    let mut pager = Pager::new(kv, Side::Target, rewriter.target_windows(), page);
+    while let Some(kvs) = pager.next_page().await? {
+        for namespace in kvs.iter().filter_map(|kv| rewriter.foreign_namespace(kv.key())) {
+            let prefix = namespace[..namespace.len() - marker].to_vec();
+            if !prefixes.contains(&prefix) {
+                prefixes.push(prefix);
+            }
+        }
+    }
+    Ok(prefixes)
+}
+
 /// A link writing *into* this link's source range from this link's target cluster: together the
 /// two would echo every write back and forth forever.
 ///

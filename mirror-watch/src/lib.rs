@@ -15,18 +15,23 @@
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.
+//! - [`prove_unchanged`] proves that the source range is the same at a later revision as at
+//!   the watermark without the watch (count at both, no key written since), so an idle prefix
+//!   advances on servers whose progress notifications are not trusted (module `idle`).
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: committing batches under the fence is the agent's job.
 
 mod batch;
 mod buffer;
+mod idle;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
 pub use batch::{convert_events, Batch, Converted, Op, OpChunker, Revision, RevisionBatcher};
 pub use buffer::{Overflow, ReplayBuffer};
+pub use idle::{prove_unchanged, IdleProof};
 
 /// The largest watch response the client accepts. etcd sends a response as it is (a catch-up
 /// after a slow spell bundles up to 1 000 revisions; one revision of large values is up to the

@@ -455,6 +455,17 @@ pub enum Step {
         /// other agent wrote it again (a fenced-out writer landed nothing after the takeover).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sole_writer_after: Option<String>,
+        /// Extension: the agent's `lag_revisions` is at most this and `ReplicationLagExceeded` is
+        /// not True; with `during`, at every status read (every 500 ms) for that long.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_lag_revisions: Option<i64>,
+        /// Extension: the agent re-opened its source watch at most this many times
+        /// (`watch_restarts` in status).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_watch_restarts: Option<u64>,
+        /// Extension: how long `max_lag_revisions` must hold (default: one read).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        during: Option<HumanDuration>,
         /// Agent id.
         #[serde(default = "agent_a", skip_serializing_if = "is_a")]
         agent: String,
@@ -535,11 +546,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 fn version(v: &str) -> anyhow::Result<EtcdVersion> {
-    match v.trim() {
-        "3.5.1" => Ok(EtcdVersion::V3_5_1),
-        "3.4.23" => Ok(EtcdVersion::V3_4_23),
-        other => bail!("unsupported etcd version {other:?} (3.5.1 or 3.4.23)"),
-    }
+    v.trim().parse()
 }
 
 impl Scenario {
@@ -547,7 +554,7 @@ impl Scenario {
     pub fn parse(text: &str) -> anyhow::Result<Scenario> {
         let raw: RawFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         let versions = match raw.versions {
-            None => vec![(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1)],
+            None => vec![(EtcdVersion::default(), EtcdVersion::default())],
             Some(list) if list.is_empty() => bail!("versions: give at least one version"),
             Some(list) => list
                 .iter()
@@ -704,7 +711,7 @@ mod tests {
 name = "compaction-mid-scan"
 about = "the source is compacted while the initial scan pages"
 seed = 7                      # randomness of load/churn; --seed overrides
-versions = ["3.5.1", "3.4.23"] # run once per source/target version (default ["3.5.1"])
+versions = ["3.5.30", "3.4.23"] # run once per source/target version (default ["3.5.30"])
 
 [source]                      # each side: a cluster
 members = 1                   # 1 or 3

@@ -11,7 +11,7 @@ use crate::{check_g3, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdV
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A `[sync]` section with a short progress interval and backoff, so tests converge quickly.
-/// Progress notifications keep the version gate: both test versions predate etcd's fix, and a
+/// Progress notifications keep the version gate: 3.5.1 and 3.4.23 predate etcd's fix, and a
 /// test here saw a forced-trust 3.5.1 move the watermark past undelivered events.
 pub const FAST_SYNC_TOML: &str =
     "[sync]\nprogress_interval = \"1s\"\nbackoff = { initial = \"200ms\", max = \"2s\" }";
@@ -21,9 +21,10 @@ pub fn fast_config(source: &EtcdCluster, target: &EtcdCluster, link: &str, prefi
     AgentConfig::new(link, source.endpoints(), target.endpoints(), prefix).with(FAST_SYNC_TOML)
 }
 
-/// A single-member source and target of etcd 3.5.1 on the detected launcher.
+/// A single-member source and target of the default etcd version (3.5.30) on the detected
+/// launcher.
 pub async fn pair() -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
-    pair_of(EtcdVersion::V3_5_1, 1).await
+    pair_of(EtcdVersion::default(), 1).await
 }
 
 /// A source and a target of `version`, each of `members` members (1 or 3).

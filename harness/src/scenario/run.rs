@@ -582,12 +582,47 @@ impl<'a> Run<'a> {
             g3,
             agent_exit,
             sole_writer_after,
+            max_lag_revisions,
+            max_watch_restarts,
+            during,
             agent,
             timeout,
         } = step
         else {
             unreachable!("expect() is called with an expect step");
         };
+        if let Some(most) = max_lag_revisions {
+            let until = Instant::now() + during.map_or(Duration::ZERO, |d| d.get());
+            let mut reads = 0u32;
+            let mut worst = 0i64;
+            loop {
+                let s = self.status(agent).await?;
+                reads += 1;
+                worst = worst.max(s.lag_revisions);
+                if s.lag_revisions > *most {
+                    bail!(
+                        "lag_revisions {} > {most} (watermark {}, source revision {}) at read {reads}",
+                        s.lag_revisions,
+                        s.watermark,
+                        s.source_revision
+                    );
+                }
+                if s.condition(mirror_core::ConditionType::ReplicationLagExceeded) {
+                    bail!("ReplicationLagExceeded is True at read {reads} (lag {} s)", s.lag_seconds);
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            println!("           lag_revisions at most {worst} over {reads} status reads");
+        }
+        if let Some(most) = max_watch_restarts {
+            let got = self.status(agent).await?.watch_restarts;
+            if got > *most {
+                bail!("the source watch was re-opened {got} times, expected at most {most}");
+            }
+        }
         let mut note = String::new();
         let mut eventually = Vec::new();
         if let Some(p) = phase {

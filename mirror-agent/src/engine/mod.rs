@@ -48,15 +48,23 @@
 //! proof dropped those events as "at or below the watermark" and lost data (issue #9,
 //! reproduced in `harness/tests/progress_order.rs` and `engine_progress.rs`).
 //!
-//! On such servers an idle source (two progress replies at or above X with no event between)
-//! is settled by *comparison* instead: [`Run::settle_at`] merges the source pinned at X with
+//! On such servers an idle range (a progress reply above the watermark) is moved to the
+//! reply's revision X by the *idle proof* of [`mirror_watch::prove_unchanged`]: the range's
+//! count at the watermark W equals its count at X and no key at X was written after W, so the
+//! state at X is the state at W and a checkpoint-only Txn moves W to X. This runs in the tail
+//! as well as at the end of genesis or a drain, so an idle prefix of a busy cluster keeps its
+//! lag near zero and a restart after a compaction at the head resumes instead of resyncing.
+//! When W itself was compacted (no count at W can be taken), genesis and drain fall back to
+//! settling by *comparison*: [`Run::settle_at`] merges the source pinned at X with
 //! the target. Target state is only ever moved toward the source's state at X:
 //! 1. Each difference is a change at a revision in (watermark, X] whose event has not been
 //!    applied yet; writing the source's value at X (or deleting) is exactly what applying the
 //!    rest of the events up to X would have produced.
 //! 2. Orphans are ours to delete when a prune is owed, or when their target mod revision is
 //!    above the checkpoint's create revision (this link wrote them); older keys were there
-//!    before the link (mode `overwrite`) and are left alone.
+//!    before the link (mode `overwrite`) and are left alone. Keys inside another link's
+//!    destination range (a nested link, found by its checkpoint) are never ours, whatever
+//!    their mod revision: that link wrote them after our checkpoint was created.
 //! 3. After the comparison the watermark moves to X in a fenced Txn; events at or below X that
 //!    arrive later are dropped, which is right because the target already holds the state at X.
 //!
@@ -78,7 +86,8 @@ use mirror_core::{
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
 use mirror_scan::{count, Scanner};
 use mirror_watch::{
-    convert_events, open_watch, Batch, Op, OpChunker, ReplayBuffer, Revision, RevisionBatcher,
+    convert_events, open_watch, prove_unchanged, Batch, IdleProof, Op, OpChunker, ReplayBuffer, Revision,
+    RevisionBatcher,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -210,6 +219,8 @@ pub struct Engine {
     progress: Progress,
     /// Source keys compared so far by the running comparison (reconcile pass, drain verify).
     compared: Arc<AtomicU64>,
+    /// Whether this process ever opened a source watch (later ones count as `watch_restarts`).
+    watch_opened: bool,
 }
 
 /// How far a run got, for resetting the retry waits ([`RetryPolicy`]).
@@ -253,6 +264,7 @@ impl Engine {
             ever_connected: false,
             progress: Progress::None,
             compared: Arc::default(),
+            watch_opened: false,
         }
     }
 
@@ -311,10 +323,11 @@ struct Run<'e> {
     drain_target: Option<i64>,
     /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
     tls_files: Option<Vec<[u8; 32]>>,
-    /// Untrusted progress replies in a row with no event between (the source looks idle).
-    idle_replies: u32,
     /// Comparisons in a row during a drain that found the target behind.
     drain_settles: u32,
+    /// Not before this may the tail run another idle proof ([`mirror_watch::prove_unchanged`]):
+    /// proofs read the range keys-only, so they are spaced to at most a tenth of the time.
+    next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
 }

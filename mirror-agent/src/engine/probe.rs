@@ -81,8 +81,8 @@ impl Engine {
             watch: None,
             drain_target: None,
             tls_files,
-            idle_replies: 0,
             drain_settles: 0,
+            next_idle_proof: None,
             member_probe: None,
         };
         run.start(pending).await

@@ -18,6 +18,14 @@ impl Run<'_> {
         let genesis = scan_end.is_some();
         let prune = self.writer().record().prune_pending;
         let ours_after = self.writer().create_revision();
+        // Keys of a nested link were written after our checkpoint was created too: they are
+        // never ours to delete (issue #19: a settle pass deleted a nested link's keys).
+        let theirs = mirror_reconcile::foreign_dest_prefixes(
+            self.target_kv.clone(),
+            &self.engine.rewriter,
+            self.page_options("foreign link check").keys_only(),
+        )
+        .await?;
         let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
         info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
         let page = self.page_options("settle page").at_revision(end);
@@ -51,6 +59,11 @@ impl Run<'_> {
             let op = match diff {
                 mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e) => {
                     Op::Put { key: e.key, value: e.value }
+                }
+                mirror_reconcile::Difference::Orphan { key, .. }
+                    if theirs.iter().any(|p| key.starts_with(p)) =>
+                {
+                    continue
                 }
                 mirror_reconcile::Difference::Orphan { key, mod_revision }
                     if prune || mod_revision > ours_after =>

@@ -172,6 +172,10 @@ impl Run<'_> {
 
     pub(super) async fn open_watch(&mut self, start: i64) -> Result<Watch, EngineError> {
         let stream = open_watch(&mut self.source, &self.engine.rewriter, start).await?;
+        let first = !std::mem::replace(&mut self.engine.watch_opened, true);
+        if !first {
+            self.engine.update(|s| s.watch_restarts += 1);
+        }
         let (sender, stream) = stream.split();
         Ok(Watch { sender, stream })
     }

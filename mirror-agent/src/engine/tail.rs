@@ -17,6 +17,13 @@ impl Run<'_> {
         let mut scan_end = genesis.as_ref().map(|(e, _)| *e);
         if let Some((_, replay)) = genesis {
             self.apply_revisions(replay, &mut scan_end).await?;
+            // A scan that saw nothing after R0 (scan_end = R0 = the watermark) needs no proof
+            // that more events are coming: the target equals the source at R0 now. Waiting for
+            // a progress reply instead never ended on etcd 3.5.30 (and every release with etcd
+            // commit 2d5a9b98), which sends no progress for a watch whose start revision (R0 +
+            // 1) the server has not reached yet: an idle source never finished its sync.
+            let watermark = self.writer().record().watermark;
+            self.finish_genesis_if_due(&mut scan_end, watermark).await?;
         }
         if scan_end.is_none() {
             self.engine.set_phase(Phase::Syncing);
@@ -180,7 +187,6 @@ impl Run<'_> {
                 self.on_response(resp, scan_end).await?;
                 continue;
             }
-            self.idle_replies = 0;
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
             let converted = convert_events(resp.events(), &self.engine.rewriter, floor);
@@ -212,13 +218,18 @@ impl Run<'_> {
         let header_rev = resp.header().map_or(0, |h| h.revision());
         self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
         if resp.created() && resp.events().is_empty() {
+            // The watch starts at watermark + 1; a created reply whose header is at or below the
+            // watermark says the source has nothing newer: the watermark is current. (etcd
+            // 3.5.30 sends no progress notification for such a watch until the source moves.)
+            if header_rev <= self.writer().record().watermark {
+                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+            }
             return Ok(());
         }
         let watermark = self.writer().record().watermark;
         if resp.events().is_empty() {
             // A progress notification. Only a trusted one proves that nothing at or below
             // header_rev is still to come (see the module doc).
-            let idle = std::mem::replace(&mut self.idle_replies, 0) + 1;
             if self.trust {
                 if header_rev > watermark {
                     let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
@@ -229,19 +240,52 @@ impl Run<'_> {
                 }
                 return Ok(());
             }
-            let must_reach = scan_end.or(self.drain_target).filter(|end| header_rev >= *end);
-            match must_reach {
-                Some(end) if end > watermark && idle >= 2 => self.settle_at(end, scan_end).await?,
-                Some(end) if end > watermark => self.idle_replies = idle,
-                Some(_) => self.finish_genesis_if_due(scan_end, watermark).await?,
-                None => {}
+            if header_rev <= watermark {
+                return self.finish_genesis_if_due(scan_end, watermark).await;
             }
-            return Ok(());
+            if self.next_idle_proof.is_some_and(|at| Instant::now() < at) {
+                return Ok(());
+            }
+            return self.prove_idle(header_rev, scan_end).await;
         }
-        self.idle_replies = 0;
         let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
         self.engine.update(|s| s.lease_backed_keys += converted.leased);
         self.apply_revisions(converted.revisions, scan_end).await
+    }
+
+    /// The idle proof (engine module doc): the range is the same at `to` as at the watermark,
+    /// so a checkpoint-only Txn moves the watermark to `to`. When the watermark was compacted
+    /// away, an initial sync or a drain that must reach a revision settles by comparison
+    /// instead; the tail waits for the next event.
+    async fn prove_idle(&mut self, to: i64, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
+        let from = self.writer().record().watermark;
+        let started = Instant::now();
+        let proof = prove_unchanged(
+            &self.source.kv_client(),
+            &self.engine.rewriter.source_range(),
+            from,
+            to,
+            self.page_options("idle proof page"),
+            self.cfg().sync.request_timeout.get(),
+        )
+        .await?;
+        // At most a tenth of the time goes to proofs: each reads the range keys-only.
+        let spacing = started.elapsed() * 10;
+        self.next_idle_proof = Some(Instant::now() + spacing);
+        debug!(from, to, ?proof, "idle proof");
+        match proof {
+            IdleProof::Unchanged => {
+                let batch = Batch { revisions: vec![Revision { revision: to, ops: Vec::new() }] };
+                self.apply(batch, scan_end).await?;
+                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+                Ok(())
+            }
+            IdleProof::Changed => Ok(()),
+            IdleProof::Compacted => match scan_end.or(self.drain_target) {
+                Some(end) if end > from && to >= end => self.settle_at(end, scan_end).await,
+                _ => Ok(()),
+            },
+        }
     }
 
     pub(super) async fn finish_genesis_if_due(

@@ -169,6 +169,7 @@ pub async fn agent_command(
         .arg("--config")
         .arg(&path)
         .args(args)
+        .envs(config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .output()
         .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, Permission};
 use harness::scenario;
-use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
+use harness::{agent_command, load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 use mirror_core::Phase;
 
 /// Enables auth with a root user and a `mirror` user whose role may only `read` or `read_write`
@@ -25,12 +25,20 @@ async fn enable_auth(cluster: &EtcdCluster, prefix: &str, writable: bool) -> Cli
         .unwrap()
 }
 
-/// Mirrors with auth on both sides (users limited to the prefix): the source password from an
-/// environment variable, the target's from a file.
+/// Least privilege (SPEC §5), on every version of the matrix: a source user with only `read` on
+/// the prefix and a target user with only `readwrite` on it mirror, tail, verify and cut over.
+/// The source password comes from an environment variable, the target's from a file. On 3.5.30
+/// Maintenance Status is refused to such users (root only); the agent learns what it needs by a
+/// read of the prefix and `/version` instead, and still trusts progress notifications there.
+#[rstest::rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
+#[case::v3_5_16(EtcdVersion::V3_5_16)]
+#[case::v3_5_1(EtcdVersion::V3_5_1)]
+#[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
-async fn mirrors_with_auth_on_both_sides() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+async fn least_privilege_users_mirror_verify_and_cut_over(#[case] version: EtcdVersion) {
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
     let mut src = enable_auth(&source, "/au/", false).await;
     let mut dst = enable_auth(&target, "/au/", true).await;
     load_keys(&mut src, "/au/", 500, 8).await.unwrap();
@@ -44,14 +52,29 @@ async fn mirrors_with_auth_on_both_sides() {
         "[source.auth]\nusername = \"mirror\"\npassword_env = {env:?}\n[target.auth]\nusername = \"mirror\"\npassword_file = {:?}",
         pw.display().to_string()
     ));
-    let agent = AgentProcess::start(&cfg).await.unwrap();
-    scenario::synced(&agent).await.unwrap();
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = scenario::synced(&agent).await.unwrap();
+    assert_eq!(status.source.version, version.as_str(), "the version is learned without Status: {status:#?}");
     src.put("/au/live", "1", None).await.unwrap();
     scenario::caught_up(&agent, &mut src).await.unwrap();
     let parsed = cfg.parsed().unwrap();
     let got =
         harness::check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();
     assert!(matches!(got, G3::Holds { keys: 501, .. }), "{got:?}");
+
+    let verify = agent_command(&cfg, "verify", &[]).await.unwrap();
+    assert_eq!(verify.status.code(), Some(0), "verify: {}", String::from_utf8_lossy(&verify.stderr));
+    let cutover = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    assert_eq!(
+        cutover.status.code(),
+        Some(0),
+        "cutover: {}\n{}",
+        String::from_utf8_lossy(&cutover.stdout),
+        String::from_utf8_lossy(&cutover.stderr)
+    );
+    let standby = agent.wait_for("standby", scenario::SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await;
+    assert!(standby.is_ok(), "the daemon stands by after the cutover: {standby:?}");
+    agent.terminate().await.unwrap();
 }
 
 /// A wrong target password: permanent, reason AuthFailed, condition on the target side.

@@ -21,6 +21,21 @@
 //!   timer slack, and a paused server is declared dead [`KEEPALIVE_TIMEOUT`] = 5 s after an
 //!   unanswered ping: within 12 s of its last answer;
 //! - a connection with no open stream is guarded by the per-call deadline of [`unary`] instead.
+//!
+//! ## Least privilege: what a read-only user may ask
+//! The agent needs read on the source range and read-write on the destination range, nothing
+//! more (SPEC §5). etcd 3.5.30 (since the backport of etcd commit a07ecd12 "guard
+//! unauthenticated endpoints with auth checks") answers Maintenance Status only to a user with
+//! the root role; 3.5.16, 3.5.1 and 3.4.23 answer any authenticated user. When Status is
+//! refused, [`probe_members`] learns the same facts another way, per endpoint:
+//! - cluster id, and that the member knows a leader: a count-only Get of the side's own prefix
+//!   (the user may read it; require-leader makes a member without a leader refuse it), whose
+//!   header names the cluster and the member;
+//! - the version: the client URL's `/version` (plain HTTP only; over https it is recorded as
+//!   unknown, [`UNKNOWN_VERSION`]), so progress notifications stay trusted on a current server;
+//!   an unknown version is never refused and never trusted;
+//! - the learner flag: MemberList (open to non-admin users again on 3.5.30), by the member id
+//!   of the Get's header; false when that is refused too.
 
 use std::future::Future;
 use std::time::Duration;
@@ -38,6 +53,9 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(7);
 /// How long an unanswered ping may take before the connection is declared dead: a paused server
 /// is noticed within [`KEEPALIVE_INTERVAL`] + this, 12 s.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The version recorded for a member whose version could not be learned (see the module doc).
+pub const UNKNOWN_VERSION: &str = "unknown";
 
 /// What one member reported in Maintenance Status.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -231,7 +249,14 @@ async fn probe_one(
         .await
         .map_err(|e| dial_error(side, url, e))?;
     let mut client = client(side, cfg, channel).await?;
-    let status = unary("status", side, sync.request_timeout.get(), client.status()).await?;
+    let timeout = sync.request_timeout.get();
+    let status = match unary("status", side, timeout, client.status()).await {
+        Ok(status) => status,
+        Err(e) if e.fault == Fault::PermissionDenied => {
+            return probe_without_status(side, cfg, url, &mut client, timeout).await;
+        }
+        Err(e) => return Err(e),
+    };
     let member = MemberInfo {
         endpoint: url.to_owned(),
         version: status.version().to_owned(),
@@ -239,6 +264,46 @@ async fn probe_one(
         learner: status.is_learner(),
     };
     Ok((member, status.leader() != 0))
+}
+
+/// One endpoint's facts for a user Maintenance Status refuses (module doc, "Least privilege").
+async fn probe_without_status(
+    side: Side,
+    cfg: &SideConfig,
+    url: &str,
+    client: &mut Client,
+    timeout: Duration,
+) -> Result<(MemberInfo, bool), EtcdError> {
+    let prefix = cfg.prefix.as_bytes().to_vec();
+    let opts = etcd_client::GetOptions::new()
+        .with_range(crate::keys::prefix_end(&prefix))
+        .with_count_only()
+        .with_limit(1);
+    // Answered at all (linearizable, with require-leader): the member knows a leader.
+    let resp = unary("status (read of the prefix)", side, timeout, client.get(prefix, Some(opts))).await?;
+    let (cluster_id, member_id) = resp.header().map_or((0, 0), |h| (h.cluster_id(), h.member_id()));
+    let learner = match unary("member list", side, timeout, client.member_list()).await {
+        Ok(list) => list.members().iter().any(|m| m.id() == member_id && m.is_learner()),
+        Err(_) => false,
+    };
+    let version = version_over_http(url, timeout).await.unwrap_or_else(|| UNKNOWN_VERSION.to_owned());
+    tracing::debug!(%side, url, version, "Maintenance Status refused to this user; probed by a read");
+    Ok((MemberInfo { endpoint: url.to_owned(), version, cluster_id, learner }, true))
+}
+
+/// The server version from the client URL's `/version`, for a plain-HTTP endpoint.
+async fn version_over_http(url: &str, timeout: Duration) -> Option<String> {
+    if !url.starts_with("http://") {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Version {
+        etcdserver: String,
+    }
+    let client = reqwest::Client::builder().timeout(timeout).build().ok()?;
+    let resp = client.get(format!("{}/version", url.trim_end_matches('/'))).send().await.ok()?;
+    let v: Version = resp.error_for_status().ok()?.json().await.ok()?;
+    parse_version(&v.etcdserver).map(|_| v.etcdserver)
 }
 
 /// A failed dial, with the TLS reason and what to check spelled out when the handshake was

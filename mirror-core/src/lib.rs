@@ -42,7 +42,7 @@ pub use config::{
 };
 pub use connect::{
     connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy,
-    read_password, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
+    read_password, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};

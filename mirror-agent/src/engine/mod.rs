@@ -326,7 +326,7 @@ struct Run<'e> {
     /// Comparisons in a row during a drain that found the target behind.
     drain_settles: u32,
     /// Not before this may the tail run another idle proof ([`mirror_watch::prove_unchanged`]):
-    /// proofs read the range keys-only, so they are spaced to at most a tenth of the time.
+    /// proofs read the range keys-only, so they are spaced to at most a fifth of the time.
     next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,

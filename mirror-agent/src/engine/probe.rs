@@ -125,7 +125,7 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
     let members = &probe.members;
     let mut lowest: Option<(u32, u32, u32)> = None;
     let mut version = String::new();
-    for m in members {
+    for m in members.iter().filter(|m| m.version != mirror_core::UNKNOWN_VERSION) {
         let v = parse_version(&m.version).unwrap_or((0, 0, 0));
         if v < (3, 4, 0) {
             return Err(Refusal::VersionUnsupported {
@@ -139,6 +139,11 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
             lowest = Some(v);
             version = m.version.clone();
         }
+    }
+    if version.is_empty() {
+        // No member told its version (a user Maintenance Status refuses, over https): said so
+        // in status, never refused, progress notifications untrusted unless configured.
+        version = mirror_core::UNKNOWN_VERSION.to_owned();
     }
     let cluster = members.first().map_or(0, |m| m.cluster_id);
     if let Some(other) = members.iter().find(|m| m.cluster_id != cluster) {

@@ -23,6 +23,19 @@ const EXIT_ERROR: u8 = 3;
 /// Verified, but the source kept changing after the drain target (writers were not stopped).
 const EXIT_SOURCE_MOVED: u8 = 4;
 
+/// With `ha.enabled`, holds the link's cutover key until released (the HA replicas stand by).
+async fn hold_cutover_key(config: &Config) -> anyhow::Result<Option<mirror_fence::election::CutoverHold>> {
+    if !config.ha.enabled {
+        return Ok(None);
+    }
+    let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
+    let reserved = config.rewriter().reserved_prefix();
+    let me = format!("cutover/{}/{}", crate::engine::hostname(), std::process::id());
+    let ttl = config.ha.lease_ttl.get();
+    let timeout = config.sync.request_timeout.get();
+    Ok(Some(mirror_fence::election::hold_cutover(&target, &reserved, &me, ttl, timeout).await?))
+}
+
 /// Runs the cutover.
 pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode {
     let timeout = config.sync.request_timeout.get();
@@ -52,6 +65,15 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     config.epoch = record.epoch as i64 + 1;
     // The cutover claims the fence outright; it never campaigns (a running HA leader is
     // fenced by the higher epoch like any other writer, and a promoted target stops them all).
+    // It holds the link's cutover key meanwhile, so no HA replica claims the fence back while
+    // it drains (mirror_fence::election, "A cutover in progress").
+    let hold = match hold_cutover_key(&config).await {
+        Ok(hold) => hold,
+        Err(e) => {
+            eprintln!("mirror-agent cutover: cannot hold the cutover key for the HA replicas: {e:#}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
     config.ha.enabled = false;
     eprintln!(
         "cutover: claiming the fence with epoch {} (a running agent of epoch {} stands by)",
@@ -75,6 +97,9 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     progress.finish();
     shutdown.cancel();
     let _ = engine.await;
+    if let Some(hold) = hold {
+        hold.release(timeout).await;
+    }
 
     if final_status.phase != Phase::Drained {
         let why = final_status.last_error.map(|e| format!("{}: {}", e.reason, e.message)).unwrap_or_default();

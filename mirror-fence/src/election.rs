@@ -9,6 +9,17 @@
 //! can therefore never land a write after the new leader's first commit: its Txns compare the
 //! checkpoint's mod revision, which the new leader's claim moved.
 //!
+//! ## A cutover in progress
+//! `cutover --wait` claims the fence with the stored epoch + 1 but does not campaign. The HA
+//! leader it fences resigns and campaigns again, and its next election key is newer than the
+//! cutover's epoch, so without more it would claim the fence back while the cutover drains
+//! (seen on 3.5.30: the cutover ended `not cut over (phase standby)`). So a cutover of an HA
+//! link first holds [`cutover_key`] under a lease of its own ([`hold_cutover`]), kept alive while
+//! it drains, verifies and promotes; an elected agent that finds the key held
+//! ([`cutover_holder`]) resigns and waits until it is gone, and only then campaigns again (by
+//! then the target is promoted, and the claim stands it by with `TargetPromoted`). A cutover that
+//! dies lets its lease expire, and the replicas carry on.
+//!
 //! ## Losing the lease
 //! [`Leadership::lost`] resolves as soon as a keep-alive answer says the lease is gone, or no
 //! keep-alive has been answered for a whole TTL (the lease may have expired unseen), so the
@@ -96,6 +107,69 @@ pub async fn campaign(
     };
     let revision = resp.leader().map_or(0, |l| l.rev());
     Ok(Leadership { lease_id, revision, lost, keeper, client: client.clone() })
+}
+
+/// The key a running `cutover --wait` of the link holds: `R + "cutover"`.
+pub fn cutover_key(reserved: &[u8]) -> Vec<u8> {
+    [reserved, b"cutover"].concat()
+}
+
+/// [`cutover_key`], held under a kept-alive lease until [`CutoverHold::release`] (or until this
+/// process dies and the lease expires).
+pub struct CutoverHold {
+    lease_id: i64,
+    keeper: JoinHandle<()>,
+    client: Client,
+}
+
+impl CutoverHold {
+    /// Deletes the key (revokes its lease) so the HA replicas campaign again.
+    pub async fn release(mut self, timeout: Duration) {
+        self.keeper.abort();
+        let _ = unary("release cutover key", Side::Target, timeout, self.client.lease_revoke(self.lease_id))
+            .await;
+    }
+}
+
+impl Drop for CutoverHold {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+/// Holds [`cutover_key`] of the link whose reserved namespace is `reserved`, with `value` (the
+/// cutover's agent id), under a lease of `ttl` kept alive in the background.
+pub async fn hold_cutover(
+    client: &Client,
+    reserved: &[u8],
+    value: &str,
+    ttl: Duration,
+    timeout: Duration,
+) -> Result<CutoverHold, EtcdError> {
+    let mut c = client.clone();
+    let ttl_secs = ttl.as_secs().max(2) as i64;
+    let lease = unary("grant cutover lease", Side::Target, timeout, c.lease_grant(ttl_secs, None)).await?;
+    let lease_id = lease.id();
+    let put = c.put(
+        cutover_key(reserved),
+        value.as_bytes().to_vec(),
+        Some(etcd_client::PutOptions::new().with_lease(lease_id)),
+    );
+    unary("hold cutover key", Side::Target, timeout, put).await?;
+    let (lost_tx, _) = watch::channel(false);
+    let keeper = tokio::spawn(keep_alive(client.clone(), lease_id, ttl, lost_tx));
+    Ok(CutoverHold { lease_id, keeper, client: client.clone() })
+}
+
+/// Who holds [`cutover_key`], if anyone: a cutover of the link is draining.
+pub async fn cutover_holder(
+    client: &Client,
+    reserved: &[u8],
+    timeout: Duration,
+) -> Result<Option<String>, EtcdError> {
+    let mut c = client.clone();
+    let resp = unary("read cutover key", Side::Target, timeout, c.get(cutover_key(reserved), None)).await?;
+    Ok(resp.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
 }
 
 /// The agent id of the current leader, if there is one.

@@ -667,8 +667,8 @@ fn check_step(step: &Step) -> anyhow::Result<()> {
 pub enum Until {
     /// The agent's phase.
     Phase(String),
-    /// A condition's status.
-    Condition(String, bool),
+    /// A condition's status, and its reason when given (`TYPE=True/REASON`).
+    Condition(String, bool, Option<String>),
     /// Target == source.
     Equal,
     /// Every background step has finished.
@@ -681,8 +681,8 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
         return Ok(Until::Phase(p.to_owned()));
     }
     if let Some(c) = until.strip_prefix("condition:") {
-        let (t, v) = parse_condition(c)?;
-        return Ok(Until::Condition(t, v));
+        let (t, v, reason) = parse_condition(c)?;
+        return Ok(Until::Condition(t, v, reason));
     }
     match until {
         "equal" => Ok(Until::Equal),
@@ -694,11 +694,15 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
 }
 
 /// Parses `"TYPE=True|False"`.
-pub fn parse_condition(c: &str) -> anyhow::Result<(String, bool)> {
+pub fn parse_condition(c: &str) -> anyhow::Result<(String, bool, Option<String>)> {
+    let (c, reason) = match c.split_once('/') {
+        Some((c, reason)) => (c, Some(reason.to_owned())),
+        None => (c, None),
+    };
     match c.split_once('=') {
-        Some((t, "True")) => Ok((t.to_owned(), true)),
-        Some((t, "False")) => Ok((t.to_owned(), false)),
-        _ => bail!("condition: {c:?} (TYPE=True or TYPE=False)"),
+        Some((t, "True")) => Ok((t.to_owned(), true, reason)),
+        Some((t, "False")) => Ok((t.to_owned(), false, reason)),
+        _ => bail!("condition: {c:?} (TYPE=True or TYPE=False, optionally /REASON)"),
     }
 }
 

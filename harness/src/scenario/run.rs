@@ -529,11 +529,12 @@ impl<'a> Run<'a> {
                 let phase = phase_name(&s);
                 Ok((phase != *p).then(|| format!("phase is {phase}")))
             }
-            Until::Condition(t, want) => {
+            Until::Condition(t, want, reason) => {
                 let s = self.status(id).await?;
                 let c = s.conditions.iter().find(|c| c.type_ == *t);
                 let now = c.map(|c| c.status == "True");
-                Ok((now != Some(*want)).then(|| match c {
+                let reason_ok = reason.as_ref().is_none_or(|r| c.is_some_and(|c| c.reason == *r));
+                Ok((now != Some(*want) || !reason_ok).then(|| match c {
                     Some(c) => format!("{t}={} ({}: {})", c.status, c.reason, c.message),
                     None => format!("{t} not reported"),
                 }))
@@ -629,8 +630,8 @@ impl<'a> Run<'a> {
             eventually.push(Until::Phase(p.clone()));
         }
         if let Some(c) = condition {
-            let (t, v) = super::parse_condition(c)?;
-            eventually.push(Until::Condition(t, v));
+            let (t, v, reason) = super::parse_condition(c)?;
+            eventually.push(Until::Condition(t, v, reason));
         }
         if *equal == Some(true) {
             eventually.push(Until::Equal);

@@ -52,6 +52,20 @@ impl Engine {
                 }
             };
             wait.on_success();
+            if let Some(holder) = self.cutover_running().await {
+                // A cutover drains: claiming now would take the fence back from it.
+                info!(holder, "elected, but a cutover of this link is running; resigning until it ends");
+                leadership.resign(self.cfg.sync.request_timeout.get()).await;
+                standby_reason =
+                    ("CutoverInProgress", "a cutover of this link holds the fence while it drains");
+                self.update(|s| {
+                    s.set_condition(ConditionType::Fenced, true, standby_reason.0, standby_reason.1)
+                });
+                tokio::select! {
+                    _ = root.cancelled() => return,
+                    _ = self.cutover_ended() => continue,
+                }
+            }
             // Every election key is newer than all earlier leaders' keys: so is our epoch.
             let epoch = configured_epoch.max(leadership.revision);
             info!(epoch, lease = leadership.lease_id, "elected HA leader; claiming the fence");
@@ -116,6 +130,22 @@ impl Engine {
                     leadership.resign(timeout).await;
                 }
             }
+        }
+    }
+
+    /// Who holds the link's cutover key (`election::cutover_key`), if anyone; a read that fails
+    /// counts as none (the claim's fence still protects the data).
+    async fn cutover_running(&self) -> Option<String> {
+        let cfg = &self.cfg;
+        let client = connect(Side::Target, &cfg.target, &cfg.sync).await.ok()?;
+        let reserved = self.rewriter.reserved_prefix();
+        election::cutover_holder(&client, &reserved, cfg.sync.request_timeout.get()).await.ok().flatten()
+    }
+
+    /// Resolves once no cutover holds the link's cutover key.
+    async fn cutover_ended(&self) {
+        while self.cutover_running().await.is_some() {
+            tokio::time::sleep(LEADER_REFRESH).await;
         }
     }
 

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use crate::pki;
 
 /// The etcd versions the harness can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum EtcdVersion {
     /// The current 3.5 release, what people run: Debian `sid`'s `etcd-server`, unpacked. The
     /// default wherever a version is not named.
+    #[default]
     V3_5_30,
     /// Debian `trixie`'s `etcd-server`, unpacked: a recent release with the progress-notify
     /// ordering fix (3.5.8) whose Maintenance Status is open to any authenticated user.
@@ -38,12 +39,6 @@ impl EtcdVersion {
         }
     }
 
-    /// Whether the server orders progress notifications after the events they cover (etcd
-    /// 3.5.8 / 3.4.25 and later): the agent trusts them on these versions.
-    pub fn orders_progress(self) -> bool {
-        matches!(self, EtcdVersion::V3_5_30 | EtcdVersion::V3_5_16)
-    }
-
     /// The local binary `scripts/setup.sh` installed.
     pub fn binary(self) -> PathBuf {
         tools_dir().join(format!("etcd-{}", self.as_str())).join("etcd")
@@ -57,12 +52,6 @@ impl EtcdVersion {
     /// The local Docker image tag.
     pub fn image_tag(self) -> &'static str {
         self.as_str()
-    }
-}
-
-impl Default for EtcdVersion {
-    fn default() -> Self {
-        EtcdVersion::V3_5_30
     }
 }
 

@@ -24,6 +24,7 @@ async fn target_revisions_for<F: std::future::Future<Output = ()>>(
 }
 
 #[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
 #[case::v3_5_1(EtcdVersion::V3_5_1)]
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
@@ -88,6 +89,7 @@ async fn big_revisions_land_as_one_target_revision(#[case] version: EtcdVersion)
 /// the revision still lands as one target revision. A key the range must not touch (under an
 /// excluded prefix, present only in the target) sits among the deleted keys and survives.
 #[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
 #[case::v3_5_1(EtcdVersion::V3_5_1)]
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]

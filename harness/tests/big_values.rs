@@ -25,6 +25,7 @@ async fn put_big(client: &mut Client, prefix: &str, n: usize, salt: u8) {
 }
 
 #[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
 #[case::v3_5_1(EtcdVersion::V3_5_1)]
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]

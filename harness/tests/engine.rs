@@ -51,7 +51,7 @@ async fn count(client: &mut Client, prefix: &str) -> i64 {
 /// reserved checkpoint.
 #[tokio::test]
 async fn cold_start_lands_every_key() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, mut dst) = pair.clients().await;
     let r0 = load_keys(&mut src, "/reg/", 50_000, 32).await.unwrap();
     let cfg = pair.config("cold", "/reg/");
@@ -81,7 +81,7 @@ fn fast_progress(cfg: AgentConfig) -> AgentConfig {
 /// range deletes land; G3 holds at every check during a steady write load.
 #[tokio::test]
 async fn live_tail_keeps_revisions_atomic_and_g3() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, mut dst) = pair.clients().await;
     let cfg = fast_progress(pair.config("tail", "/t/"));
     let agent = AgentProcess::start(&cfg).await.unwrap();
@@ -148,7 +148,7 @@ async fn live_tail_keeps_revisions_atomic_and_g3() {
 /// with writes made while it was down.
 #[tokio::test]
 async fn restart_resumes_without_rescan() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, _dst) = pair.clients().await;
     load_keys(&mut src, "/r/", 2_000, 16).await.unwrap();
     let cfg = fast_progress(pair.config("resume", "/r/"));
@@ -168,7 +168,7 @@ async fn restart_resumes_without_rescan() {
 /// `require_empty` on a non-empty target writes nothing and reports `EmptyTargetViolation`.
 #[tokio::test]
 async fn require_empty_refuses_a_non_empty_target() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, mut dst) = pair.clients().await;
     load_keys(&mut src, "/e/", 100, 8).await.unwrap();
     dst.put("/e/already-here", "x", None).await.unwrap();
@@ -189,7 +189,7 @@ async fn require_empty_refuses_a_non_empty_target() {
 #[tokio::test]
 async fn overwrite_modes_treat_orphans_as_configured() {
     for (mode, orphan_survives) in [("overwrite", true), ("overwrite_and_prune", false)] {
-        let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+        let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
         let (mut src, mut dst) = pair.clients().await;
         load_keys(&mut src, "/o/", 300, 8).await.unwrap();
         dst.put("/o/key-00000001", "stale", None).await.unwrap();
@@ -243,7 +243,7 @@ async fn excluded_prefixes_are_never_fetched() {
 /// more; a corrupt checkpoint makes an agent refuse to write.
 #[tokio::test]
 async fn fence_overlap_rejects_stale_writer() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, mut dst) = pair.clients().await;
     load_keys(&mut src, "/f/", 200, 8).await.unwrap();
     let cfg1 = fast_progress(pair.config("fence", "/f/"));
@@ -282,8 +282,8 @@ async fn fence_overlap_rejects_stale_writer() {
 /// revision, op count and bytes named, nothing of it applied; earlier revisions landed.
 #[tokio::test]
 async fn oversized_revision_fails_permanently_unapplied() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-request-bytes=65536"))
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--max-request-bytes=65536"))
         .await
         .unwrap();
     let mut src = source.client().await.unwrap();
@@ -314,9 +314,9 @@ async fn oversized_revision_fails_permanently_unapplied() {
 /// too many ops per level is laid out deeper and still lands as one target revision.
 #[tokio::test]
 async fn max_txn_ops_above_the_targets_is_laid_out_deeper() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let target =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=16")).await.unwrap();
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--max-txn-ops=16")).await.unwrap();
     let mut src = source.client().await.unwrap();
     let cfg = fast_progress(AgentConfig::new("deeper", source.endpoints(), target.endpoints(), "/b/"))
         .with("max_txn_ops = 64");
@@ -339,7 +339,7 @@ async fn max_txn_ops_above_the_targets_is_laid_out_deeper() {
 /// changes nothing: the target still equals the source.
 #[tokio::test]
 async fn duplicate_replay_is_idempotent() {
-    let pair = Pair::start(EtcdVersion::V3_5_1, EtcdVersion::V3_5_1).await;
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
     let (mut src, mut dst) = pair.clients().await;
     let cfg = fast_progress(pair.config("dup", "/d/"));
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
@@ -368,9 +368,9 @@ async fn duplicate_replay_is_idempotent() {
 /// and G3 holds.
 #[tokio::test]
 async fn quota_exhaustion_parks_and_recovers() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let mut target =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--quota-backend-bytes=1048576"))
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--quota-backend-bytes=1048576"))
             .await
             .unwrap();
     let mut src = source.client().await.unwrap();
@@ -421,9 +421,9 @@ async fn quota_exhaustion_parks_and_recovers() {
 /// lands.
 #[tokio::test]
 async fn merged_txn_too_big_is_retried_per_revision() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let target =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).arg("--max-txn-ops=8")).await.unwrap();
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--max-txn-ops=8")).await.unwrap();
     let mut src = source.client().await.unwrap();
     let cfg = fast_progress(AgentConfig::new("split", source.endpoints(), target.endpoints(), "/s/"))
         .with("max_txn_ops = 64");

@@ -39,8 +39,12 @@ async fn eventually(mut f: impl AsyncFnMut() -> anyhow::Result<()>) {
 
 /// Each version starts on each launcher, reports its version, and round-trips a key.
 #[rstest]
+#[case::container_3_5_30(Backend::Container, EtcdVersion::V3_5_30)]
+#[case::container_3_5_16(Backend::Container, EtcdVersion::V3_5_16)]
 #[case::container_3_5_1(Backend::Container, EtcdVersion::V3_5_1)]
 #[case::container_3_4_23(Backend::Container, EtcdVersion::V3_4_23)]
+#[case::process_3_5_30(Backend::Process, EtcdVersion::V3_5_30)]
+#[case::process_3_5_16(Backend::Process, EtcdVersion::V3_5_16)]
 #[case::process_3_5_1(Backend::Process, EtcdVersion::V3_5_1)]
 #[case::process_3_4_23(Backend::Process, EtcdVersion::V3_4_23)]
 #[tokio::test]
@@ -62,7 +66,7 @@ async fn single_member_round_trips_a_key(#[case] backend: Backend, #[case] versi
 async fn three_members_survive_one_kill(#[case] backend: Backend) {
     require_docker(backend);
     let mut cluster =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).members(3).backend(backend)).await.unwrap();
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).members(3).backend(backend)).await.unwrap();
     let mut client = cluster.client().await.unwrap();
     put_get(&mut client, "/three/a", "1").await.unwrap();
     let members = client.member_list().await.unwrap();
@@ -122,7 +126,7 @@ async fn restart_keeps_data_and_applies_new_flags(#[case] backend: Backend) {
 async fn paused_member_fails_keepalive_client_fast(#[case] backend: Backend) {
     require_docker(backend);
     let mut cluster =
-        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).backend(backend)).await.unwrap();
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).backend(backend)).await.unwrap();
     // The agent's options: keepalive on, no per-request deadline on the channel.
     let mut client = cluster.client().await.unwrap();
     client.put("/pause/a", "1", None).await.unwrap();
@@ -155,7 +159,7 @@ async fn paused_member_fails_keepalive_client_fast(#[case] backend: Backend) {
 #[tokio::test]
 async fn network_cut_and_heal(#[case] backend: Backend) {
     require_docker(backend);
-    let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).backend(backend)).await.unwrap();
+    let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).backend(backend)).await.unwrap();
     let proxies = cluster.proxies().await.unwrap();
     let mut client = harness::agent_client(&proxies.endpoints(), None, Duration::from_secs(2)).await.unwrap();
     put_get(&mut client, "/cut/a", "1").await.unwrap();

@@ -14,7 +14,7 @@ struct Fixture {
 }
 
 async fn setup(timeout: Duration) -> Fixture {
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let client = target.client().await.unwrap();
     Fixture { target, client, key: b"/f/\0etcd-mirror/checkpoint".to_vec(), timeout }
 }

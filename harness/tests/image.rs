@@ -90,7 +90,7 @@ fn manifest_matches_the_image() {
 #[tokio::test]
 async fn the_image_runs_as_the_manifest_runs_it() {
     let d = declared();
-    let spec = || ClusterSpec::new(EtcdVersion::V3_5_1).backend(Backend::Container);
+    let spec = || ClusterSpec::new(EtcdVersion::V3_5_30).backend(Backend::Container);
     let source = EtcdCluster::start(spec()).await.unwrap();
     let target = EtcdCluster::start(spec()).await.unwrap();
     let mut src = source.client().await.unwrap();

@@ -49,8 +49,8 @@ async fn nested_link_is_never_pruned() {
 /// with `DirectionConflict` before writing anything.
 #[tokio::test]
 async fn reverse_link_is_refused_before_any_write() {
-    let x = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let y = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let x = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let y = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let mut xc = x.client().await.unwrap();
     load_keys(&mut xc, "/p/", 50, 16).await.unwrap();
     let ab = AgentProcess::start(&scenario::fast_config(&x, &y, "ab", "/p/")).await.unwrap();

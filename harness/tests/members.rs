@@ -14,6 +14,7 @@ const ELECTION: Duration = Duration::from_secs(30);
 /// others, lists both endpoints in status with `MemberUnreachable` True, and clears it once
 /// they are back.
 #[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
 #[case::v3_5_1(EtcdVersion::V3_5_1)]
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
@@ -49,7 +50,7 @@ async fn member_down_before_start(#[case] version: EtcdVersion) {
 /// cursor through the remaining members, with no forced resync.
 #[tokio::test]
 async fn source_leader_killed_during_initial_sync() {
-    let (mut source, target) = scenario::pair_of(EtcdVersion::V3_5_1, 3).await.unwrap();
+    let (mut source, target) = scenario::pair_of(EtcdVersion::V3_5_30, 3).await.unwrap();
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/s/", 30_000, 64).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "leader-scan", "/s/")
@@ -76,7 +77,7 @@ async fn source_leader_killed_during_initial_sync() {
 /// target converges with G3 holding and no forced resync.
 #[tokio::test]
 async fn target_leader_killed_during_live_churn() {
-    let (source, mut target) = scenario::pair_of(EtcdVersion::V3_5_1, 3).await.unwrap();
+    let (source, mut target) = scenario::pair_of(EtcdVersion::V3_5_30, 3).await.unwrap();
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/c/", 2_000, 64).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "leader-churn", "/c/");

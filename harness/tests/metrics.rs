@@ -28,8 +28,8 @@ fn referenced_names(text: &str) -> BTreeSet<String> {
 /// The families and their types, and that the alert rules and dashboard use only those names.
 #[tokio::test]
 async fn metric_families_are_stable_and_deploy_files_match() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/met/", 300, 8).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "metrics", "/met/");

@@ -9,8 +9,8 @@ use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 /// refused with a clear log line and replication continues unchanged.
 #[tokio::test]
 async fn sighup_applies_rates_and_refuses_prefix_changes() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/hup/", 100, 8).await.unwrap();
     let base = scenario::fast_config(&source, &target, "hup", "/hup/");
@@ -88,8 +88,8 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
 /// `/healthz` is 200 throughout.
 #[tokio::test]
 async fn readyz_follows_the_phase() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     target.node(0).stop().await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "ready", "/rdy/");
     let agent = AgentProcess::start(&cfg).await.unwrap();
@@ -108,8 +108,8 @@ async fn readyz_follows_the_phase() {
 /// each, not per heartbeat, and values never appear.
 #[tokio::test]
 async fn json_logs_one_line_per_transition() {
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let mut src = source.client().await.unwrap();
     src.put("/js/a", "value-that-must-not-be-logged", None).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "json", "/js/").arg("--log-format").arg("json");

@@ -9,10 +9,10 @@ use harness::{load_keys, scenario, AgentConfig, AgentProcess, ClusterSpec, EtcdC
 use mirror_core::Phase;
 use rstest::rstest;
 
-/// A TLS cluster of etcd 3.5.1 serving the PKI generated into `dir/name`.
+/// A TLS cluster of etcd 3.5.30 serving the PKI generated into `dir/name`.
 async fn tls_cluster(dir: &std::path::Path, name: &str, validity: Validity) -> (Pki, EtcdCluster) {
     let pki = Pki::generate(&dir.join(name), name, validity).unwrap();
-    let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1).tls(&pki)).await.unwrap();
+    let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).tls(&pki)).await.unwrap();
     (pki, cluster)
 }
 
@@ -98,7 +98,7 @@ async fn mirrors_with_client_certificates_and_survives_rotation() {
 #[tokio::test]
 async fn a_wrong_ca_is_a_clear_permanent_error(#[case] swapped: &str, #[case] says: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
     let other = Pki::generate(&dir.path().join("other"), "other", Validity::default()).unwrap();
     let files = agent_copy(&dst_pki, &dir.path().join("agent-target"));
@@ -116,7 +116,7 @@ async fn a_wrong_ca_is_a_clear_permanent_error(#[case] swapped: &str, #[case] sa
 #[tokio::test]
 async fn a_missing_tls_file_names_its_field() {
     let dir = tempfile::tempdir().unwrap();
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
     let files = agent_copy(&dst_pki, &dir.path().join("agent-target"));
     std::fs::remove_file(files.path(pki::CLIENT_KEY)).unwrap();
@@ -130,7 +130,7 @@ async fn a_missing_tls_file_names_its_field() {
 #[tokio::test]
 async fn insecure_skip_verify_mirrors_without_a_ca() {
     let dir = tempfile::tempdir().unwrap();
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/skv/", 50, 8).await.unwrap();
@@ -159,7 +159,7 @@ async fn wait_client_expiry(agent: &AgentProcess, want: i64) {
 #[tokio::test]
 async fn rotated_files_and_reloaded_paths_are_picked_up_while_running() {
     let dir = tempfile::tempdir().unwrap();
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
     let files = agent_copy(&dst_pki, &dir.path().join("agent-target"));
     let mut src = source.client().await.unwrap();
@@ -193,7 +193,7 @@ async fn rotated_files_and_reloaded_paths_are_picked_up_while_running() {
 #[tokio::test]
 async fn server_name_is_the_name_verified() {
     let dir = tempfile::tempdir().unwrap();
-    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
     let with_name = |link: &str, prefix: &str, name: &str| {
         scenario::fast_config(&source, &target, link, prefix)

@@ -255,7 +255,7 @@ async fn probe_one(
         Err(e) if e.fault == Fault::PermissionDenied => {
             return probe_without_status(side, cfg, url, &mut client, timeout).await;
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(late_tls_rejection(side, url, e)),
     };
     let member = MemberInfo {
         endpoint: url.to_owned(),
@@ -304,6 +304,30 @@ async fn version_over_http(url: &str, timeout: Duration) -> Option<String> {
     let resp = client.get(format!("{}/version", url.trim_end_matches('/'))).send().await.ok()?;
     let v: Version = resp.error_for_status().ok()?.json().await.ok()?;
     parse_version(&v.etcdserver).map(|_| v.etcdserver)
+}
+
+/// A TLS refusal that arrived with the first request instead of the dial (see
+/// [`crate::tls::late_alert`]), with what to check spelled out as for a refused dial; any other
+/// error as it is.
+fn late_tls_rejection(side: Side, url: &str, e: EtcdError) -> EtcdError {
+    let alert = match &e.source {
+        etcd_client::Error::GRpcStatus(status) => {
+            std::error::Error::source(status).and_then(crate::tls::late_alert)
+        }
+        etcd_client::Error::TransportError(t) => crate::tls::late_alert(t),
+        _ => None,
+    };
+    let Some(alert) = alert else { return e };
+    let message = format!(
+        "{side} endpoint {url}: TLS refused by the server after the handshake: {alert} ({})",
+        crate::tls::client_cert_hint(side)
+    );
+    EtcdError {
+        op: e.op,
+        side,
+        fault: Fault::TlsRejected,
+        source: etcd_client::Error::IoError(std::io::Error::other(message)),
+    }
 }
 
 /// A failed dial, with the TLS reason and what to check spelled out when the handshake was

@@ -203,7 +203,26 @@ impl ServerCertVerifier for AcceptAnyServerCert {
 /// Whether a connect error (or anything in its source chain) is a TLS rejection: a certificate
 /// the client refused, or an alert the server sent about ours.
 pub fn is_tls_rejection(err: &(dyn std::error::Error + 'static)) -> bool {
-    rejection(err).is_some()
+    rejection(err).is_some() || late_alert(err).is_some()
+}
+
+/// A fatal alert the server sent after the handshake, as its text (`"received fatal alert:
+/// UnknownCA"`). A TLS 1.3 server checks the client certificate after the client has finished
+/// its side of the handshake (etcd 3.5.30, built with Go 1.26, does), so the refusal arrives with
+/// the first request, and rustls hands it over as an I/O error carrying only that text, not as
+/// a [`rustls::Error`].
+pub fn late_alert(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            let text = io.get_ref().map(|inner| inner.to_string()).unwrap_or_default();
+            if io.kind() == std::io::ErrorKind::InvalidData && text.starts_with("received fatal alert") {
+                return Some(text);
+            }
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// The rustls error in `err`'s source chain, looking inside I/O errors too (their `source()`
@@ -224,6 +243,11 @@ pub fn rejection<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e r
         next = e.source();
     }
     None
+}
+
+/// What to check when the server refused the client certificate.
+pub fn client_cert_hint(side: Side) -> String {
+    format!("the server refused our client certificate; check {side}.tls.cert_file against the server's --trusted-ca-file")
 }
 
 /// What an operator should check for a TLS rejection, naming the config field.
@@ -248,9 +272,7 @@ pub fn hint(side: Side, err: &rustls::Error) -> String {
             | A::CertificateUnknown
             | A::UnsupportedCertificate
             | A::AccessDenied,
-        ) => format!(
-            "the server refused our client certificate; check {side}.tls.cert_file against the server's --trusted-ca-file"
-        ),
+        ) => client_cert_hint(side),
         _ => format!("check the files of [{side}.tls]"),
     }
 }

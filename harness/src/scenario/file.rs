@@ -839,4 +839,32 @@ forced_resyncs = 0
         let back: Vec<Step> = parsed.steps.into_iter().map(|s| s.step).collect();
         assert_eq!(back, steps);
     }
+
+    /// A condition may name its reason after a slash; bad statuses are errors.
+    #[test]
+    fn condition_with_reason() {
+        assert_eq!(
+            parse_until("condition:Fenced=True/TargetPromoted").unwrap(),
+            Until::Condition("Fenced".into(), true, Some("TargetPromoted".into()))
+        );
+        assert_eq!(parse_condition("Available=False").unwrap(), ("Available".into(), false, None));
+        assert!(parse_condition("Fenced=Maybe/TargetPromoted").is_err());
+    }
+
+    /// Versions name all four releases, 3.5.30 by default, and source->target pairs.
+    #[test]
+    fn versions_default_and_pairs() {
+        let none = Scenario::parse("name = \"x\"\nabout = \"y\"\n[source]\nprefix = \"/a/\"\n").unwrap();
+        assert_eq!(none.versions, vec![(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30)]);
+        let text = "name = \"x\"\nabout = \"y\"\nversions = [\"3.5.16\", \"3.4.23->3.5.30\"]\n[source]\nprefix = \"/a/\"\n";
+        let pairs = Scenario::parse(text).unwrap().versions;
+        assert_eq!(
+            pairs,
+            vec![(EtcdVersion::V3_5_16, EtcdVersion::V3_5_16), (EtcdVersion::V3_4_23, EtcdVersion::V3_5_30)]
+        );
+        let bad = Scenario::parse(
+            "name = \"x\"\nabout = \"y\"\nversions = [\"3.6.0\"]\n[source]\nprefix = \"/a/\"\n",
+        );
+        assert!(format!("{:#}", bad.unwrap_err()).contains("3.5.30, 3.5.16, 3.5.1, 3.4.23"));
+    }
 }

@@ -37,6 +37,11 @@ impl Run<'_> {
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
+        // A drain whose sync is already complete starts now: on an idle source no reply may
+        // ever come to start it (etcd 3.5.30 sends no progress for a watch ahead of its revision).
+        if scan_end.is_none() && self.drain_step(&mut progress).await? {
+            return Ok(());
+        }
         loop {
             if self.watch.is_none() {
                 // Cancelled under sustained target backoff; the target takes writes again.
@@ -140,41 +145,48 @@ impl Run<'_> {
                 }
                 Some(Err(e)) => return Err(EtcdError::new("watch", Side::Source, e).into()),
             }
-            if scan_end.is_none() && self.cfg().mode == Mode::Drain {
-                let watermark = self.writer().record().watermark;
-                match self.drain_target {
-                    None => {
-                        let target = self.source_revision().await?;
-                        info!(
-                            drain_target_revision = target,
-                            "draining: waiting for the watermark to reach the drain target"
-                        );
-                        self.drain_target = Some(target);
-                        self.engine.update(|s| {
-                            s.cutover = Some(mirror_core::CutoverStatus {
-                                drain_target_revision: target,
-                                ..Default::default()
-                            })
-                        });
-                        if watermark >= target {
-                            // Already there: on an idle source no further reply may ever come
-                            // (etcd 3.5.30 sends no progress for a watch ahead of its revision).
-                            return self.verify_and_promote(target).await;
-                        }
-                        progress = tokio::time::interval(Duration::from_millis(500));
-                        continue;
-                    }
-                    Some(target) if watermark >= target => {
-                        return self.verify_and_promote(target).await;
-                    }
-                    Some(_) => continue,
-                }
+            if scan_end.is_none() && self.drain_step(&mut progress).await? {
+                return Ok(());
             }
-            if scan_end.is_none() && progress.period() != steady {
+            if scan_end.is_none() && self.drain_target.is_none() && progress.period() != steady {
                 progress = tokio::time::interval(steady);
                 progress.tick().await;
             }
         }
+    }
+
+    /// Drain mode (SPEC §5 Drain and cutover), once the initial sync is complete: records the
+    /// drain target revision the first time, and verifies and promotes once the watermark has
+    /// reached it. `true` once promoted (the tail ends); always `false` outside drain mode.
+    async fn drain_step(&mut self, progress: &mut tokio::time::Interval) -> Result<bool, EngineError> {
+        if self.cfg().mode != Mode::Drain {
+            return Ok(false);
+        }
+        let watermark = self.writer().record().watermark;
+        let target = match self.drain_target {
+            Some(target) => target,
+            None => {
+                let target = self.source_revision().await?;
+                info!(
+                    drain_target_revision = target,
+                    "draining: waiting for the watermark to reach the drain target"
+                );
+                self.drain_target = Some(target);
+                self.engine.update(|s| {
+                    s.cutover = Some(mirror_core::CutoverStatus {
+                        drain_target_revision: target,
+                        ..Default::default()
+                    })
+                });
+                *progress = tokio::time::interval(Duration::from_millis(500));
+                target
+            }
+        };
+        if watermark < target {
+            return Ok(false);
+        }
+        self.verify_and_promote(target).await?;
+        Ok(true)
     }
 
     /// Responses in arrival order: runs of data responses are converted together and applied as

@@ -83,12 +83,7 @@ pub async fn campaign(
     ttl: Duration,
     timeout: Duration,
 ) -> Result<Leadership, EtcdError> {
-    let mut c = client.clone();
-    let ttl_secs = ttl.as_secs().max(2) as i64;
-    let lease = unary("grant election lease", Side::Target, timeout, c.lease_grant(ttl_secs, None)).await?;
-    let lease_id = lease.id();
-    let (lost_tx, lost) = watch::channel(false);
-    let keeper = tokio::spawn(keep_alive(client.clone(), lease_id, ttl, lost_tx));
+    let (lease_id, lost, keeper) = kept_lease(client, "grant election lease", ttl, timeout).await?;
     let mut election = client.election_client();
     let mut watching = lost.clone();
     let elected = tokio::select! {
@@ -146,19 +141,21 @@ pub async fn hold_cutover(
     ttl: Duration,
     timeout: Duration,
 ) -> Result<CutoverHold, EtcdError> {
+    let (lease_id, _, keeper) = kept_lease(client, "grant cutover lease", ttl, timeout).await?;
+    let hold = CutoverHold { lease_id, keeper, client: client.clone() };
     let mut c = client.clone();
-    let ttl_secs = ttl.as_secs().max(2) as i64;
-    let lease = unary("grant cutover lease", Side::Target, timeout, c.lease_grant(ttl_secs, None)).await?;
-    let lease_id = lease.id();
     let put = c.put(
         cutover_key(reserved),
         value.as_bytes().to_vec(),
         Some(etcd_client::PutOptions::new().with_lease(lease_id)),
     );
-    unary("hold cutover key", Side::Target, timeout, put).await?;
-    let (lost_tx, _) = watch::channel(false);
-    let keeper = tokio::spawn(keep_alive(client.clone(), lease_id, ttl, lost_tx));
-    Ok(CutoverHold { lease_id, keeper, client: client.clone() })
+    match unary("hold cutover key", Side::Target, timeout, put).await {
+        Ok(_) => Ok(hold),
+        Err(e) => {
+            hold.release(timeout).await;
+            Err(e)
+        }
+    }
 }
 
 /// Who holds [`cutover_key`], if anyone: a cutover of the link is draining.
@@ -187,6 +184,21 @@ pub async fn leader(client: &Client, name: &[u8], timeout: Duration) -> Result<O
 /// A transient error with `message`.
 fn unavailable(op: &'static str, message: &str) -> EtcdError {
     EtcdError::new(op, Side::Target, etcd_client::Error::GRpcStatus(tonic::Status::unavailable(message)))
+}
+
+/// Grants a lease of `ttl` (whole seconds, at least 2) and keeps it alive in the background:
+/// its id, a flag that turns true once it is lost, and the keep-alive task.
+async fn kept_lease(
+    client: &Client,
+    op: &'static str,
+    ttl: Duration,
+    timeout: Duration,
+) -> Result<(i64, watch::Receiver<bool>, JoinHandle<()>), EtcdError> {
+    let ttl_secs = ttl.as_secs().max(2) as i64;
+    let lease = unary(op, Side::Target, timeout, client.clone().lease_grant(ttl_secs, None)).await?;
+    let (lost_tx, lost) = watch::channel(false);
+    let keeper = tokio::spawn(keep_alive(client.clone(), lease.id(), ttl, lost_tx));
+    Ok((lease.id(), lost, keeper))
 }
 
 /// Keeps the lease alive every TTL/3; marks it lost on a TTL-0 answer or a TTL without a

@@ -206,6 +206,36 @@ async fn overwrite_modes_treat_orphans_as_configured() {
     }
 }
 
+/// A rebuilt source (another cluster id) in `overwrite` mode is a forced resync with prune
+/// (SPEC §6, issue #20 defect 1): keys the old source held and the new one does not are gone from
+/// the target once `InitialSyncComplete` is claimed again, and the resync is counted as
+/// `ClusterChanged`.
+#[tokio::test]
+async fn a_rebuilt_source_is_a_forced_resync_with_prune() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/rb/", 200, 8).await.unwrap();
+    let cfg = fast_progress(pair.config("rebuilt", "/rb/")).with("[initial_sync]\nmode = \"overwrite\"");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    assert_eq!(agent.terminate().await.unwrap(), Some(0));
+
+    // The source is rebuilt from a backup that lacks the last 50 keys: a new cluster.
+    let rebuilt = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let mut new_src = rebuilt.client().await.unwrap();
+    load_keys(&mut new_src, "/rb/", 150, 8).await.unwrap();
+    let cfg =
+        fast_progress(AgentConfig::new("rebuilt", rebuilt.endpoints(), pair.target.endpoints(), "/rb/"))
+            .with("[initial_sync]\nmode = \"overwrite\"");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = synced(&agent).await;
+    assert_eq!(status.forced_resyncs.count, 1, "{status:#?}");
+    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("ClusterChanged"), "{status:#?}");
+    assert_eq!(count(&mut dst, "/rb/key-").await, 150, "keys the rebuilt source lacks must be pruned");
+    let got = scenario::g3_of(&rebuilt, &pair.target, &cfg).await.unwrap();
+    assert!(matches!(got, G3::Holds { keys: 150, .. }), "{got:?}");
+}
+
 /// Excluded prefixes are cut out of every Get window: the source's request log (every range
 /// request is logged with `--experimental-warning-apply-duration=1ns`) never shows a Get that
 /// starts inside an excluded prefix, and no excluded key reaches the target.

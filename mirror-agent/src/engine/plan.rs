@@ -54,7 +54,10 @@ pub enum StartPlan {
 
 /// Decides the first step. The rules, in order:
 /// 1. Stored cluster ids that differ from the connected ones mean a rebuilt or restored cluster:
-///    a fresh genesis as on a first start (`require_empty` re-armed).
+///    a forced resync (`ClusterChanged`, SPEC §6) with `require_empty` re-armed where the mode
+///    asks for it, and, like every forced resync, a prune: keys the new source does not hold
+///    must not survive in the target while `InitialSyncComplete` is claimed, whatever the mode
+///    (issue #20, defect 1: `overwrite` used to keep them).
 /// 2. A pending fresh genesis (after a resync): genesis with prune.
 /// 3. A stored range fingerprint that differs from ours: a forced resync with prune
 ///    (`RangeChanged`); records without one are taken as unchanged.
@@ -73,7 +76,11 @@ pub fn plan_start(f: &StartFacts<'_>) -> StartPlan {
         return first(f.mode);
     };
     if stored.source_cluster_id != f.source_cluster || stored.target_cluster_id != f.target_cluster {
-        return first(f.mode);
+        return StartPlan::FreshGenesis {
+            require_empty: f.mode == InitialSyncMode::RequireEmpty,
+            prune: true,
+            forced: Some("ClusterChanged"),
+        };
     }
     if f.pending == Pending::FreshGenesis {
         return StartPlan::FreshGenesis { require_empty: false, prune: true, forced: None };
@@ -158,15 +165,25 @@ mod tests {
         );
     }
 
-    /// Other cluster ids re-arm the first-start rules; another range forces a resync with prune;
-    /// a record without a range is taken as unchanged.
+    /// Other cluster ids force a resync with prune in every mode, `require_empty` re-armed where
+    /// configured; another range forces a resync with prune; a record without a range is taken
+    /// as unchanged.
     #[test]
     fn changed_clusters_and_ranges() {
         let mut moved = stored(false, "r1");
         moved.target_cluster_id = 9;
         assert_eq!(
             plan_start(&facts(Some(&moved), Pending::Resume)),
-            StartPlan::FreshGenesis { require_empty: true, prune: false, forced: None }
+            StartPlan::FreshGenesis { require_empty: true, prune: true, forced: Some("ClusterChanged") }
+        );
+        let mut restored = stored(false, "r1");
+        restored.source_cluster_id = 7;
+        let mut overwrite = facts(Some(&restored), Pending::Resume);
+        overwrite.mode = InitialSyncMode::Overwrite;
+        assert_eq!(
+            plan_start(&overwrite),
+            StartPlan::FreshGenesis { require_empty: false, prune: true, forced: Some("ClusterChanged") },
+            "a rebuilt source prunes in overwrite mode too"
         );
         let other_range = stored(false, "r0");
         assert_eq!(

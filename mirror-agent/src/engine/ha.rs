@@ -20,7 +20,6 @@ impl Engine {
     /// The HA loop: campaign, lead, and on losing campaign again, until shutdown.
     pub(super) async fn run_ha(mut self) {
         let root = self.shutdown.clone();
-        let configured_epoch = self.cfg.epoch;
         let name = election::election_name(&self.rewriter.reserved_prefix());
         let mut wait = RetryPolicy::new(&self.cfg.sync);
         let mut standby_reason =
@@ -66,8 +65,9 @@ impl Engine {
                     _ = self.cutover_ended() => continue,
                 }
             }
-            // Every election key is newer than all earlier leaders' keys: so is our epoch.
-            let epoch = configured_epoch.max(leadership.revision);
+            // Every election key is newer than all earlier leaders' keys: so is our epoch. The
+            // running epoch only grows (an earlier term's, or one raised by a reload).
+            let epoch = self.cfg.epoch.max(leadership.revision);
             info!(epoch, lease = leadership.lease_id, "elected HA leader; claiming the fence");
             self.cfg.epoch = epoch;
             let (agent_id, lease_id) = (self.agent_id.clone(), leadership.lease_id);

@@ -255,9 +255,24 @@ impl Engine {
 
     /// Adopts the latest reloaded config; true when it changed how a side is reached
     /// (endpoints, TLS, auth), which takes a reconnect.
+    ///
+    /// The epoch never goes down while running: under HA the running epoch is the term's
+    /// (the configured one raised to the election revision), and putting the configured value
+    /// back made the leader meet its own higher epoch at the next reconnect and abdicate
+    /// (`FencedByNewerEpoch`). A raised epoch is taken (a standby takes over with it).
     pub(super) fn adopt_reload(&mut self) -> bool {
         let Some(rx) = self.reload.as_mut() else { return false };
-        let new = rx.borrow_and_update().clone();
+        let mut new = rx.borrow_and_update().clone();
+        if new.epoch < self.cfg.epoch {
+            if !self.cfg.ha.enabled {
+                warn!(
+                    configured = new.epoch,
+                    running = self.cfg.epoch,
+                    "reload lowers the epoch: keeping the running one (restart to lower it)"
+                );
+            }
+            new.epoch = self.cfg.epoch;
+        }
         info!(
             epoch = new.epoch,
             max_ops_per_second = new.sync.max_ops_per_second,

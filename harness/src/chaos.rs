@@ -261,6 +261,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         condition: None,
         forced_resyncs: None,
         g3: Some("held".into()),
+        last_error: None,
         agent_exit: None,
         sole_writer_after: None,
         max_lag_revisions: None,

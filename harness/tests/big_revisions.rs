@@ -125,3 +125,40 @@ async fn deletes_over_the_request_limit_are_coalesced(#[case] version: EtcdVersi
     assert!(agent.log().contains("coalesced into range deletes"), "the revision was never over the limit");
     assert!(agent.status().await.unwrap().last_error.is_none());
 }
+
+/// Issue #20 defect 8: a key another writer creates inside a run of deleted keys, after the
+/// agent read the target to coalesce them and before its range delete lands, survives. The
+/// agent's debug failpoint writes that key at exactly that moment; the range delete's guard
+/// ("no key of the span changed since the read") fails, the span is read again, and the new
+/// key ends the run. Before, the range delete was guarded by the checkpoint compare only and
+/// deleted it.
+#[tokio::test]
+async fn a_key_created_inside_a_coalesced_range_survives() {
+    let version = EtcdVersion::V3_5_30;
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    let pad = "p".repeat(60);
+    for start in (0..3_000).step_by(100) {
+        let ops: Vec<TxnOp> =
+            (start..start + 100).map(|i| TxnOp::put(format!("/wide/a-{i:04}-{pad}"), "v", None)).collect();
+        src.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    // Between a-1999-… and a-2000-p… in key order: inside the one run of 3 000 deletes.
+    let foreign = "/wide/a-2000-late";
+    let cfg = scenario::fast_config(&source, &target, "coalesce-race", "/wide/")
+        .with("txn_flush_bytes = \"32KiB\"")
+        .env("MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ", foreign);
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await.unwrap();
+
+    src.delete("/wide/a-", Some(DeleteOptions::new().with_prefix())).await.unwrap();
+    caught_up(&agent, &mut src).await.unwrap();
+    let left = dst.get("/wide/a-", Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let left: Vec<&[u8]> = left.kvs().iter().map(|kv| kv.key()).collect();
+    assert_eq!(left, vec![foreign.as_bytes()], "the foreign key, and only it, is left");
+    let log = agent.log();
+    assert!(log.contains("coalesced into range deletes"), "the revision was never over the limit");
+    assert!(log.contains("appeared inside a coalesced delete range"), "the guard never failed:\n{log}");
+}

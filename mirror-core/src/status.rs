@@ -210,6 +210,8 @@ pub enum ConditionType {
     DirectionConflict,
     /// Another writer holds the fence.
     Fenced,
+    /// The source answers below the watermark: restored from an older snapshot.
+    SourceWentBack,
     /// The sides still differed after the drain's repair pass.
     DrainVerificationFailed,
 }
@@ -235,6 +237,7 @@ impl ConditionType {
             ConditionType::PrefixConflict => "PrefixConflict",
             ConditionType::DirectionConflict => "DirectionConflict",
             ConditionType::Fenced => "Fenced",
+            ConditionType::SourceWentBack => "SourceWentBack",
             ConditionType::DrainVerificationFailed => "DrainVerificationFailed",
         }
     }

@@ -34,4 +34,6 @@ mod writer;
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use nest::{nest, plan, Slot, TooManyOps};
 pub use observer::FenceObserver;
-pub use writer::{may_claim, read_checkpoint, DataWriter, FenceError, FencedWriter, Observed};
+pub use writer::{
+    may_claim, read_checkpoint, read_checkpoint_since, DataWriter, FenceError, FencedWriter, Observed,
+};

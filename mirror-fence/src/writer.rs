@@ -53,7 +53,24 @@ fn made_with(commit: &str, nonce: &str) -> bool {
 /// A Txn of `ops` that runs only while the checkpoint key's mod revision is `mod_revision`
 /// (0 matches an absent key): the fence of every target write (G4).
 fn guarded(key: &[u8], mod_revision: i64, ops: Vec<TxnOp>) -> Txn {
-    Txn::new().when([Compare::mod_revision(key.to_vec(), CompareOp::Equal, mod_revision)]).and_then(ops)
+    guarded_by(key, mod_revision, Vec::new(), ops)
+}
+
+/// [`guarded`] with more compares beside the fence's.
+fn guarded_by(key: &[u8], mod_revision: i64, mut guards: Vec<Compare>, ops: Vec<TxnOp>) -> Txn {
+    guards.insert(0, Compare::mod_revision(key.to_vec(), CompareOp::Equal, mod_revision));
+    Txn::new().when(guards).and_then(ops)
+}
+
+/// Whether a failed guarded Txn's `else` read shows the checkpoint still at `mod_revision`:
+/// then the fence held and only a guard failed.
+fn fence_unmoved(resp: &etcd_client::TxnResponse, mod_revision: i64) -> bool {
+    resp.op_responses().iter().any(|r| match r {
+        etcd_client::TxnOpResponse::Get(get) => {
+            get.kvs().first().is_some_and(|kv| kv.mod_revision() == mod_revision)
+        }
+        _ => false,
+    })
 }
 
 /// A deliberately broken writer, to prove the harness catches one (issue #12): in debug
@@ -156,6 +173,10 @@ pub enum FenceError {
         /// The checkpoint's mod revision in that answer (0 if absent).
         seen: i64,
     },
+    /// A guard of [`FencedWriter::commit_guarded`] failed while the fence held: nothing
+    /// landed; read again and retry.
+    #[error("a guarded write found its range changed since it was read; nothing was written")]
+    GuardFailed,
     /// The checkpoint cannot be decoded; fail closed.
     #[error("checkpoint is corrupt: {0}")]
     Corrupt(#[from] DecodeError),
@@ -179,7 +200,7 @@ impl FenceError {
     pub fn class(&self) -> ErrorClass {
         match self {
             FenceError::Etcd(e) => e.class(),
-            FenceError::Raced => ErrorClass::Transient,
+            FenceError::Raced | FenceError::GuardFailed => ErrorClass::Transient,
             _ => ErrorClass::Permanent,
         }
     }
@@ -205,6 +226,7 @@ impl FenceError {
             FenceError::FenceLost => "FenceLost",
             FenceError::TargetWentBack { .. } => "TargetWentBack",
             FenceError::Raced => "FenceRaced",
+            FenceError::GuardFailed => "GuardFailed",
             FenceError::Corrupt(_) => "CorruptCheckpoint",
             FenceError::Etcd(_) => "EtcdError",
             FenceError::TooManyOps(_) => "RevisionTooLarge",
@@ -245,7 +267,26 @@ pub async fn read_checkpoint(
     key: &[u8],
     timeout: Duration,
 ) -> Result<Observed, FenceError> {
+    read_checkpoint_since(kv, key, timeout, 0).await
+}
+
+/// [`read_checkpoint`] by a writer that already committed the checkpoint at target revision
+/// `committed` (0: never): a store that answers from before it (a member that lost acknowledged
+/// writes, a target restored from an older snapshot) is [`FenceError::TargetWentBack`] at once,
+/// at connect, not only once a later compare fails. Resuming from the older record it holds
+/// would otherwise look like a normal restart.
+pub async fn read_checkpoint_since(
+    kv: &mut KvClient,
+    key: &[u8],
+    timeout: Duration,
+    committed: i64,
+) -> Result<Observed, FenceError> {
     let resp = unary("read checkpoint", Side::Target, timeout, kv.get(key, None)).await?;
+    let seen = resp.kvs().first().map_or(0, |kv| kv.mod_revision());
+    let head = resp.header().map_or(0, |h| h.revision());
+    if committed > 0 && went_back(committed, head, seen) {
+        return Err(FenceError::TargetWentBack { committed, head, seen });
+    }
     match resp.kvs().first() {
         None => Ok(Observed::Absent),
         Some(kv) => Ok(Observed::Present {
@@ -438,6 +479,21 @@ impl FencedWriter {
     /// One fenced Txn: `ops` and, when `next` is given, the checkpoint put, all or nothing.
     /// Returns the target revision of the Txn.
     pub async fn commit(&mut self, ops: Vec<TxnOp>, next: Option<Checkpoint>) -> Result<i64, FenceError> {
+        self.commit_guarded(ops, next, Vec::new()).await
+    }
+
+    /// [`FencedWriter::commit`] that also requires every compare of `guards` (for example "no
+    /// key of a range changed since the revision it was read at", before a range delete). When
+    /// only a guard failed, nothing landed and the fence is still ours:
+    /// [`FenceError::GuardFailed`]; the caller reads again and builds new ops. The checkpoint's
+    /// mod revision comes back in the same failed Txn (its `else` branch), so telling a guard
+    /// from the fence needs no second read that could race.
+    pub async fn commit_guarded(
+        &mut self,
+        ops: Vec<TxnOp>,
+        next: Option<Checkpoint>,
+        guards: Vec<Compare>,
+    ) -> Result<i64, FenceError> {
         // Each commit's bytes are unique to this process and commit, so adopting "our" ambiguous
         // commit is never a mistake. A retry of a commit whose answer was lost (the same record
         // again, right after the failure) is sent with the *same* commit id: if the first try
@@ -459,7 +515,11 @@ impl FencedWriter {
                 all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
             }
         }
-        let txn = guarded(&self.key, self.mod_revision, all);
+        let guarding = !guards.is_empty();
+        let mut txn = guarded_by(&self.key, self.mod_revision, guards, all);
+        if guarding {
+            txn = txn.or_else([TxnOp::get(self.key.clone(), None)]);
+        }
         let resp = match unary("fenced txn", Side::Target, self.timeout, self.kv.txn(txn)).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -477,6 +537,9 @@ impl FencedWriter {
                 self.record = next;
             }
             return Ok(revision);
+        }
+        if guarding && fence_unmoved(&resp, self.mod_revision) {
+            return Err(FenceError::GuardFailed);
         }
         self.judge_failed_compare(next_bytes.as_deref(), next).await
     }

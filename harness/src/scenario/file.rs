@@ -404,6 +404,22 @@ pub enum Step {
         #[serde(default = "current")]
         revision: RevisionRef,
     },
+    /// Saves a snapshot of a side (etcd's Maintenance Snapshot) under `name`.
+    Snapshot {
+        /// Which side.
+        side: SideName,
+        /// Its name, for `restore`.
+        name: String,
+    },
+    /// Restores every member of a side from snapshot `name` (`etcdutl snapshot restore` with
+    /// the same names, token and peer URLs: the same cluster id, back at the snapshot's
+    /// revision) and starts them again.
+    Restore {
+        /// Which side.
+        side: SideName,
+        /// A snapshot saved by `snapshot`.
+        name: String,
+    },
     /// Defragments every running member of a side.
     Defrag {
         /// Which side.
@@ -420,7 +436,8 @@ pub enum Step {
         #[serde(rename = "for")]
         for_: HumanDuration,
     },
-    /// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"equal"` or `"background"`.
+    /// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"`, `"equal"`
+    /// or `"background"`.
     Wait {
         /// The state.
         until: String,
@@ -448,6 +465,10 @@ pub enum Step {
         /// `"held"`: every continuous G3 check so far held, and at least one ran.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         g3: Option<String>,
+        /// Extension: the agent's `last_error.reason` (e.g. `"SourceWentBack"`); retried until
+        /// `timeout` like `phase`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_error: Option<String>,
         /// The exit code of the agent's last `stop_agent` (or of its own exit).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent_exit: Option<i32>,
@@ -502,6 +523,8 @@ impl Step {
             Step::Heal { .. } => "heal",
             Step::Delay { .. } => "delay",
             Step::Compact { .. } => "compact",
+            Step::Snapshot { .. } => "snapshot",
+            Step::Restore { .. } => "restore",
             Step::Defrag { .. } => "defrag",
             Step::AlarmDisarm { .. } => "alarm_disarm",
             Step::Sleep { .. } => "sleep",
@@ -673,6 +696,8 @@ pub enum Until {
     Equal,
     /// Every background step has finished.
     Background,
+    /// The agent's `last_error.reason` (`"last_error:REASON"`).
+    LastError(String),
 }
 
 /// Parses `until`.
@@ -684,11 +709,14 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
         let (t, v, reason) = parse_condition(c)?;
         return Ok(Until::Condition(t, v, reason));
     }
+    if let Some(r) = until.strip_prefix("last_error:") {
+        return Ok(Until::LastError(r.to_owned()));
+    }
     match until {
         "equal" => Ok(Until::Equal),
         "background" => Ok(Until::Background),
         other => bail!(
-            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"equal\" or \"background\")"
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\" or \"background\")"
         ),
     }
 }
@@ -815,6 +843,8 @@ forced_resyncs = 0
             Step::StopAgent { id: "b".into(), signal: Signal::Stop },
             Step::KillMember { side: SideName::Target, member: MemberRef::Named("leader".into()) },
             Step::Sleep { for_: HumanDuration(Duration::from_millis(1500)) },
+            Step::Snapshot { side: SideName::Source, name: "before".into() },
+            Step::Restore { side: SideName::Target, name: "before".into() },
             Step::Delay { side: SideName::Source, ms: 200 },
             Step::Expect {
                 equal: Some(true),
@@ -822,6 +852,7 @@ forced_resyncs = 0
                 condition: Some("Available=True".into()),
                 forced_resyncs: None,
                 g3: Some("held".into()),
+                last_error: Some("SourceWentBack".into()),
                 agent_exit: None,
                 sole_writer_after: Some("b".into()),
                 max_lag_revisions: Some(100),

@@ -364,6 +364,17 @@ impl<'a> Run<'a> {
                 let mut client = self.cluster(*side).client().await?;
                 compact(&mut client, revision).await
             }
+            Step::Snapshot { side, name } => {
+                let bytes = self.cluster(*side).save_snapshot(name).await?;
+                Ok(format!("{bytes} bytes"))
+            }
+            Step::Restore { side, name } => {
+                self.cluster(*side).restore_snapshot(name).await?;
+                let key = *side == SideName::Source;
+                self.stopped.retain(|(s, _)| *s != key);
+                self.members_changed(*side).await?;
+                Ok(String::new())
+            }
             Step::Defrag { side } => {
                 let key = *side == SideName::Source;
                 let cluster = self.cluster(*side);
@@ -539,6 +550,14 @@ impl<'a> Run<'a> {
                     None => format!("{t} not reported"),
                 }))
             }
+            Until::LastError(want) => {
+                let s = self.status(id).await?;
+                let got = s.last_error.as_ref().map(|e| e.reason.as_str());
+                Ok((got != Some(want.as_str())).then(|| match &s.last_error {
+                    Some(e) => format!("last_error is {} ({})", e.reason, e.message),
+                    None => "no last_error".to_owned(),
+                }))
+            }
             Until::Equal => {
                 let parsed = self.base.parsed()?;
                 let mut dst = self.target.client().await?;
@@ -581,6 +600,7 @@ impl<'a> Run<'a> {
             condition,
             forced_resyncs,
             g3,
+            last_error,
             agent_exit,
             sole_writer_after,
             max_lag_revisions,
@@ -632,6 +652,9 @@ impl<'a> Run<'a> {
         if let Some(c) = condition {
             let (t, v, reason) = super::parse_condition(c)?;
             eventually.push(Until::Condition(t, v, reason));
+        }
+        if let Some(r) = last_error {
+            eventually.push(Until::LastError(r.clone()));
         }
         if *equal == Some(true) {
             eventually.push(Until::Equal);

@@ -45,7 +45,8 @@ impl Run<'_> {
                 next.prune_pending = false;
             }
         }
-        match self.commit_with_retry(&ops, next).await {
+        let mut n = ops.len() as u64;
+        match self.commit_with_retry(&ops, next.clone()).await {
             Ok(()) => {}
             Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
                 if batch.revisions.len() > 1 {
@@ -72,33 +73,27 @@ impl Run<'_> {
                     self.writer = Some(writer);
                     return Box::pin(self.apply(batch, scan_end)).await;
                 }
-                if e.fault == Fault::RequestTooLarge {
-                    if let Some(coalesced) = self.coalesce_deletes(&ops).await? {
-                        info!(
-                            revision = last,
-                            ops = ops.len(),
-                            now = coalesced.len(),
-                            "revision over the target's request limit: runs of deletes coalesced into range deletes"
-                        );
-                        let batch = Batch { revisions: vec![Revision { revision: last, ops: coalesced }] };
-                        return Box::pin(self.apply(batch, scan_end)).await;
+                let coalesced = match e.fault {
+                    Fault::RequestTooLarge => self.commit_coalesced(&ops, next, last).await?,
+                    _ => None,
+                };
+                let Some(landed) = coalesced else {
+                    return Err(Refusal::RevisionTooLarge {
+                        revision: last,
+                        ops: ops.len(),
+                        bytes: ops.iter().map(Op::size).sum(),
+                        first_key: ops
+                            .first()
+                            .map(|op| self.engine.rewriter.redact(op.key()))
+                            .unwrap_or_default(),
+                        fault: format!("{:?}", e.fault),
                     }
-                }
-                return Err(Refusal::RevisionTooLarge {
-                    revision: last,
-                    ops: ops.len(),
-                    bytes: ops.iter().map(Op::size).sum(),
-                    first_key: ops
-                        .first()
-                        .map(|op| self.engine.rewriter.redact(op.key()))
-                        .unwrap_or_default(),
-                    fault: format!("{:?}", e.fault),
-                }
-                .into());
+                    .into());
+                };
+                n = landed as u64;
             }
             Err(e) => return Err(e),
         }
-        let n = ops.len() as u64;
         self.engine.reporter.revisions_landed(batch.revisions.len());
         // Only a live tail apply ends a resync loop: replays inside a resync are part of it
         // (defect #5 of issue 10: the condition flapped during a livelock).
@@ -121,13 +116,56 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Commits a revision too large for one request with its runs of deletes coalesced into
+    /// range deletes ([`Run::coalesce_deletes`]); the ops landed, or `None` when nothing could
+    /// be coalesced or the result is still too large. Each range delete is guarded by "no key
+    /// of the span changed since it was read": a key another writer (another link, an operator)
+    /// creates inside a run between the read and the commit fails the guard instead of being
+    /// deleted, and the span is read again.
+    async fn commit_coalesced(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+        revision: i64,
+    ) -> Result<Option<usize>, EngineError> {
+        const TRIES: u32 = 5;
+        for _ in 0..TRIES {
+            let Some((coalesced, guard)) = self.coalesce_deletes(ops).await? else { return Ok(None) };
+            info!(
+                revision,
+                ops = ops.len(),
+                now = coalesced.len(),
+                "revision over the target's request limit: runs of deletes coalesced into range deletes"
+            );
+            match self.commit_guarded_with_retry(&coalesced, next.clone(), vec![guard]).await {
+                Ok(()) => return Ok(Some(coalesced.len())),
+                Err(EngineError::Fence(FenceError::GuardFailed)) => {
+                    warn!(
+                        revision,
+                        "a key appeared inside a coalesced delete range; reading the range again"
+                    );
+                }
+                Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        // The range keeps changing under another writer: reconnect and resume from the
+        // watermark (nothing of this revision landed).
+        Err(FenceError::GuardFailed.into())
+    }
+
     /// A revision's ops with runs of deleted keys replaced by range deletes, or `None` when no
     /// run of two or more could be formed. A run is a sequence of keys that are next to each
     /// other *in the target*: the target is read (keys only) over the deletes' span, and any key
     /// there that this revision does not delete (an excluded, reserved, foreign or untouched
     /// key), and any key it puts, ends the run. So a range delete removes exactly the keys the
-    /// source revision deleted.
-    pub(super) async fn coalesce_deletes(&mut self, ops: &[Op]) -> Result<Option<Vec<Op>>, EngineError> {
+    /// source revision deleted, as of the revision the target was read at; the compare that
+    /// comes with the ops holds the commit to that ("no key of the span has a mod revision after
+    /// it").
+    pub(super) async fn coalesce_deletes(
+        &mut self,
+        ops: &[Op],
+    ) -> Result<Option<(Vec<Op>, etcd_client::Compare)>, EngineError> {
         let mut deletes: Vec<&[u8]> =
             ops.iter().filter(|op| matches!(op, Op::Delete { .. })).map(Op::key).collect();
         if deletes.len() < 2 {
@@ -140,7 +178,20 @@ impl Run<'_> {
             start: deletes[0].to_vec(),
             end: [deletes[deletes.len() - 1], &[0u8]].concat(),
         };
-        let page = self.page_options("coalesce page").keys_only();
+        // One snapshot: the target's revision now, every page read at it.
+        let head = unary(
+            "coalesce revision",
+            Side::Target,
+            self.timeout(),
+            self.target_kv.get(span.start.clone(), Some(GetOptions::new().with_count_only())),
+        )
+        .await?
+        .header()
+        .map_or(0, |h| h.revision());
+        let guard =
+            etcd_client::Compare::mod_revision(span.start.clone(), etcd_client::CompareOp::Less, head + 1)
+                .with_range(span.end.clone());
+        let page = self.page_options("coalesce page").keys_only().at_revision(head);
         let mut target =
             mirror_reconcile::RangeReader::new(self.target_kv.clone(), Side::Target, vec![span], page);
         let mut out: Vec<Op> = ops.iter().filter(|op| matches!(op, Op::Put { .. })).cloned().collect();
@@ -183,7 +234,13 @@ impl Run<'_> {
         }
         close(&mut run, &mut out);
         out.extend(next_delete.map(|d| Op::Delete { key: d.to_vec() }));
-        Ok((out.len() < ops.len()).then_some(out))
+        if let Some(key) = failpoint::foreign_put_after_coalesce_read() {
+            self.target_kv
+                .put(key, "foreign", None)
+                .await
+                .map_err(|e| EtcdError::new("failpoint put", Side::Target, e))?;
+        }
+        Ok((out.len() < ops.len()).then_some((out, guard)))
     }
 
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
@@ -206,12 +263,23 @@ impl Run<'_> {
         ops: &[Op],
         next: Checkpoint,
     ) -> Result<(), EngineError> {
+        self.commit_guarded_with_retry(ops, next, Vec::new()).await
+    }
+
+    /// [`Run::commit_with_retry`] that also requires `guards` (a failed guard is returned at
+    /// once as [`FenceError::GuardFailed`], never retried with the same ops).
+    pub(super) async fn commit_guarded_with_retry(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+        guards: Vec<etcd_client::Compare>,
+    ) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
         let mut policy = RetryPolicy::new(&cfg);
         loop {
             let txn_ops = ops.iter().map(Op::to_txn_op).collect();
             let started = Instant::now();
-            let result = self.writer().commit(txn_ops, Some(next.clone())).await;
+            let result = self.writer().commit_guarded(txn_ops, Some(next.clone()), guards.clone()).await;
             let err = match result {
                 Ok(_) => {
                     self.engine.reporter.txn_landed(ops.len(), started.elapsed());
@@ -297,6 +365,25 @@ impl Run<'_> {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// Test hooks, in debug builds only (release builds compile them away).
+mod failpoint {
+    /// `MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ=KEY`: once per process, right after
+    /// the target was read for coalescing deletes, put KEY into the target as another writer
+    /// would (the race the range delete's guard exists for).
+    #[cfg(debug_assertions)]
+    pub(super) fn foreign_put_after_coalesce_read() -> Option<String> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static FIRED: AtomicBool = AtomicBool::new(false);
+        let key = std::env::var("MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ").ok()?;
+        (!FIRED.swap(true, Ordering::Relaxed)).then_some(key)
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub(super) fn foreign_put_after_coalesce_read() -> Option<String> {
+        None
     }
 }
 

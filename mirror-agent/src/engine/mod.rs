@@ -83,7 +83,9 @@ use mirror_core::{
     Config, ErrorClass, EtcdError, Fault, KeyRewriter, LastError, Mode, Phase, Probe, Side, SideStatus,
     Status, TrustProgressNotify,
 };
-use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
+use mirror_fence::{
+    read_checkpoint, read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed, Role,
+};
 use mirror_scan::{count, Scanner};
 use mirror_watch::{
     convert_events, open_watch, prove_unchanged, Batch, IdleProof, Op, OpChunker, ReplayBuffer, Revision,
@@ -221,6 +223,9 @@ pub struct Engine {
     compared: Arc<AtomicU64>,
     /// Whether this process ever opened a source watch (later ones count as `watch_restarts`).
     watch_opened: bool,
+    /// The target revision of this process's latest checkpoint commit (0: none yet). A target
+    /// that answers from before it at a reconnect went back (`TargetWentBack`).
+    target_committed: i64,
 }
 
 /// How far a run got, for resetting the retry waits ([`RetryPolicy`]).
@@ -265,6 +270,7 @@ impl Engine {
             progress: Progress::None,
             compared: Arc::default(),
             watch_opened: false,
+            target_committed: 0,
         }
     }
 

@@ -85,7 +85,10 @@ impl Engine {
             next_idle_proof: None,
             member_probe: None,
         };
-        run.start(pending).await
+        let result = run.start(pending).await;
+        let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());
+        self.target_committed = self.target_committed.max(committed);
+        result
     }
 }
 

@@ -83,6 +83,21 @@ pub enum Refusal {
         /// What failed, on which side.
         detail: String,
     },
+    /// The source answers at a revision below the watermark: restored from an older snapshot
+    /// under the same cluster id. Its history after that revision is not the one applied.
+    #[error(
+        "the source is at revision {source_revision}, below the watermark {watermark} already applied: it went \
+         back (restored from an older snapshot with the same cluster id). Its new history would reuse revisions \
+         the target already holds, so nothing more was written. To mirror the restored source, delete the \
+         checkpoint key on the target and restart with initial_sync.mode = \"overwrite_and_prune\"; to keep the \
+         target as it is, stop this link"
+    )]
+    SourceWentBack {
+        /// The checkpoint's watermark.
+        watermark: i64,
+        /// The source's header revision.
+        source_revision: i64,
+    },
     /// After one repair pass the sides still differ at the drained watermark.
     #[error(
         "after one repair pass the sides still differ at watermark {watermark}: missing {missing}, divergent \
@@ -112,6 +127,7 @@ impl Refusal {
             Refusal::MixedClusters { .. } => "MixedClusters",
             Refusal::Tls { reason, .. } => reason,
             Refusal::DrainVerificationFailed { .. } => "DrainVerificationFailed",
+            Refusal::SourceWentBack { .. } => "SourceWentBack",
         }
     }
 
@@ -125,6 +141,7 @@ impl Refusal {
             Refusal::DrainVerificationFailed { .. } => {
                 Some((ConditionType::DrainVerificationFailed, "SidesDiffer"))
             }
+            Refusal::SourceWentBack { .. } => Some((ConditionType::SourceWentBack, "BelowWatermark")),
             _ => None,
         }
     }

@@ -154,6 +154,11 @@ impl Run<'_> {
             self.engine.stop_if_shutting_down()?;
             let diff = match differ.next_difference().await {
                 Ok(d) => d,
+                Err(e) if e.side == Side::Source && e.fault == Fault::FutureRevision => {
+                    // The watermark is ahead of the source: it went back (SPEC §6), not compacted.
+                    let source_revision = self.source_revision().await?;
+                    return Err(Refusal::SourceWentBack { watermark, source_revision }.into());
+                }
                 Err(e) if e.class() == ErrorClass::Resync => {
                     // The watermark was compacted in the source: nothing to compare against
                     // until the watermark moves; the data is not in doubt.

@@ -23,7 +23,8 @@ impl Run<'_> {
     async fn start_once(&mut self, pending: Pending) -> Result<(), EngineError> {
         let key = self.cfg().checkpoint_key();
         let timeout = self.timeout();
-        let observed = read_checkpoint(&mut self.target_kv, &key, timeout).await?;
+        let committed = self.engine.target_committed;
+        let observed = read_checkpoint_since(&mut self.target_kv, &key, timeout, committed).await?;
         mirror_fence::may_claim(&observed, &self.template(0))?;
         let stored = match &observed {
             Observed::Present { record, .. } => Some(record.clone()),
@@ -47,6 +48,9 @@ impl Run<'_> {
             next.range = ours.clone();
             next
         };
+        if let (StartPlan::Tail { .. } | StartPlan::ResumeScan, Some(r)) = (&plan, &stored) {
+            self.refuse_source_behind(r.watermark).await?;
+        }
         match (plan, stored) {
             (StartPlan::Tail { watermark }, Some(r)) => {
                 let next = resumed(self, &r);
@@ -159,6 +163,19 @@ impl Run<'_> {
         )
         .await?;
         Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// SPEC §6 "source went back": a source below the watermark (same cluster id, restored
+    /// from an older snapshot) would be watched from a future revision, which etcd accepts
+    /// without a word, and its new history under revisions already applied would be skipped.
+    /// Checked at every connect, before the watch opens. A linearizable read answers at or
+    /// above every revision the source ever delivered, so a healthy source never trips it.
+    pub(super) async fn refuse_source_behind(&mut self, watermark: i64) -> Result<(), EngineError> {
+        let source_revision = self.source_revision().await?;
+        if source_revision < watermark {
+            return Err(Refusal::SourceWentBack { watermark, source_revision }.into());
+        }
+        Ok(())
     }
 
     pub(super) async fn require_empty(&mut self) -> Result<(), EngineError> {

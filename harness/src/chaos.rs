@@ -264,6 +264,8 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         last_error: None,
         agent_exit: None,
         sole_writer_after: None,
+        target_has: Vec::new(),
+        min_scan_restarts: None,
         max_lag_revisions: None,
         max_watch_restarts: None,
         during: None,

@@ -319,11 +319,12 @@ impl Sweep {
         Sweep { differ: Differ::new(rewriter, source, target, page.keys_only()) }
     }
 
-    /// The next orphan's target key, or `None` when the range is done.
-    pub async fn next_orphan(&mut self) -> Result<Option<Vec<u8>>, EtcdError> {
+    /// The next orphan's target key and its target mod revision, or `None` when the range is
+    /// done.
+    pub async fn next_orphan(&mut self) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
         while let Some(diff) = self.differ.next_difference().await? {
-            if let Difference::Orphan { key, .. } = diff {
-                return Ok(Some(key));
+            if let Difference::Orphan { key, mod_revision } = diff {
+                return Ok(Some((key, mod_revision)));
             }
         }
         Ok(None)

@@ -213,6 +213,8 @@ fn is_zero(n: &i32) -> bool {
 
 /// Every step kind of SPEC §8. Keys in `load`, `put`, `del`, `txn` and `churn` are relative to
 /// `source.prefix`.
+// A scenario holds tens of steps, read once: `expect`'s size costs nothing worth boxing for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "do", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
@@ -476,6 +478,13 @@ pub enum Step {
         /// other agent wrote it again (a fenced-out writer landed nothing after the takeover).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sole_writer_after: Option<String>,
+        /// Extension: the agent restarted its genesis (`scan_restarts`) at least this often.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min_scan_restarts: Option<u64>,
+        /// Extension: these keys (relative to `target.prefix`) exist in the target, e.g. keys
+        /// that were there before the link and that no prune of it may delete.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        target_has: Vec<String>,
         /// Extension: the agent's `lag_revisions` is at most this and `ReplicationLagExceeded` is
         /// not True; with `during`, at every status read (every 500 ms) for that long.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -855,6 +864,8 @@ forced_resyncs = 0
                 last_error: Some("SourceWentBack".into()),
                 agent_exit: None,
                 sole_writer_after: Some("b".into()),
+                target_has: vec!["before-the-link".into()],
+                min_scan_restarts: Some(1),
                 max_lag_revisions: Some(100),
                 max_watch_restarts: Some(0),
                 during: Some(HumanDuration(Duration::from_secs(2))),

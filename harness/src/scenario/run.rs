@@ -603,6 +603,8 @@ impl<'a> Run<'a> {
             last_error,
             agent_exit,
             sole_writer_after,
+            target_has,
+            min_scan_restarts,
             max_lag_revisions,
             max_watch_restarts,
             during,
@@ -670,6 +672,22 @@ impl<'a> Run<'a> {
             let mut dst = self.target.client().await?;
             if difference_now(&mut self.src, &mut dst, &parsed.rewriter()).await?.is_none() {
                 bail!("expected the sides to differ, they are equal");
+            }
+        }
+        if let Some(least) = min_scan_restarts {
+            let got = self.status(agent).await?.scan_restarts;
+            if got < *least {
+                bail!("expected at least {least} genesis restarts, saw {got}");
+            }
+        }
+        if !target_has.is_empty() {
+            let prefix = self.scenario.target_prefix().to_owned();
+            let mut dst = self.target.client().await?;
+            for key in target_has {
+                let full = format!("{prefix}{key}");
+                if dst.get(full.as_bytes(), None).await?.kvs().is_empty() {
+                    bail!("expected {full:?} in the target, it is gone");
+                }
             }
         }
         if let Some(n) = forced_resyncs {

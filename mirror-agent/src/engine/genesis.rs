@@ -6,7 +6,7 @@ impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
     pub(super) async fn genesis(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         self.engine.set_phase(Phase::InitialSync);
-        if prune {
+        if prune && self.prunes_everything() {
             // Before the first data write, not only before the sweep.
             self.refuse_foreign_links().await?;
         }

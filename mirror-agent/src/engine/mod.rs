@@ -12,7 +12,8 @@
 //!   target equal the source at the watermark.
 //! - **G5** Every restart resumes from the checkpoint: mid-scan from `scan_cursor`, in the tail
 //!   from `watermark + 1`. Only a compaction past the needed revision forces a fresh genesis,
-//!   and that one always ends with a mark-and-sweep prune.
+//!   and that one always ends with a mark-and-sweep prune (of this link's keys only, unless
+//!   the mode is `overwrite_and_prune`: `Run::sweep`).
 //! - **G7** A corrupt checkpoint, another link's checkpoint, a newer epoch or role primary
 //!   stop all writes.
 //!

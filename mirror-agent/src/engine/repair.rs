@@ -6,10 +6,31 @@ impl Run<'_> {
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
     /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
     /// current state is safe. The orphans come from [`mirror_reconcile::Sweep`] (a keys-only merge-join),
-    /// so at most two pages are in memory; another link's keys are never candidates, and another
-    /// link found inside the destination range stops the sweep before anything is deleted.
+    /// so at most two pages are in memory; another link's reserved keys are never candidates.
+    ///
+    /// What is swept depends on the mode (issue #20, defect 2), never on why the prune is owed:
+    /// - `overwrite_and_prune`: every orphan of the destination range; another link found inside
+    ///   it stops the sweep before anything is deleted (`PrefixConflict`), as SPEC §5 asks.
+    /// - otherwise only the orphans this link wrote: target mod revision after the checkpoint's
+    ///   create revision, and not under a nested link's destination prefix (those keys are that
+    ///   link's, whatever their revision). Keys that were there before the link stay, as
+    ///   `overwrite` promises; a genesis restart after a watch-buffer overflow, or a forced
+    ///   resync, no longer deletes them, and a nested link no longer turns it into a permanent
+    ///   `NestedLink` failure. Every key that came from the source through this link was written
+    ///   after the checkpoint was created, so no stale key of ours survives.
     pub(super) async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
-        self.refuse_foreign_links().await?;
+        let (ours_after, theirs) = if self.prunes_everything() {
+            self.refuse_foreign_links().await?;
+            (0, Vec::new())
+        } else {
+            let theirs = mirror_reconcile::foreign_dest_prefixes(
+                self.target_kv.clone(),
+                &self.engine.rewriter,
+                self.page_options("foreign link check").keys_only(),
+            )
+            .await?;
+            (self.writer().create_revision(), theirs)
+        };
         let mut chunker = self.chunker();
         let mut sweep = mirror_reconcile::Sweep::new(
             self.engine.rewriter.clone(),
@@ -24,7 +45,12 @@ impl Run<'_> {
             let orphan = sweep.next_orphan().await?;
             let done = orphan.is_none();
             let full = match orphan {
-                Some(key) => chunker.push(Op::Delete { key }),
+                Some((key, mod_revision))
+                    if mod_revision > ours_after && !theirs.iter().any(|p| key.starts_with(p)) =>
+                {
+                    chunker.push(Op::Delete { key })
+                }
+                Some(_) => None,
                 None => chunker.take(),
             };
             if let Some(batch) = full {
@@ -41,6 +67,12 @@ impl Run<'_> {
         }
         info!(deleted, "prune sweep done");
         Ok(())
+    }
+
+    /// Whether a prune deletes every orphan of the destination range (`overwrite_and_prune`), or
+    /// only those this link wrote (see [`Run::sweep`]).
+    pub(super) fn prunes_everything(&self) -> bool {
+        self.cfg().initial_sync.mode == mirror_core::InitialSyncMode::OverwriteAndPrune
     }
 
     /// Refuses to prune or delete orphans while another link's reserved namespace lies inside

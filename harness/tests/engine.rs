@@ -473,3 +473,30 @@ async fn merged_txn_too_big_is_retried_per_revision() {
     assert!(matches!(got, G3::Holds { keys: 30, .. }), "{got:?}");
     assert!(agent.log().contains("retrying one revision at a time"), "the merged Txn was never refused");
 }
+
+/// Issue #20 defect 9: an exclude added to a running link leaves the keys already mirrored
+/// under it in the target, where no prune or pass will touch them; status lists them
+/// (`excluded_keys_in_target`) instead of staying silent. 100 keys under `skip/` are mirrored,
+/// the agent restarts with `skip/` excluded (a forced resync, `RangeChanged`): the keys stay
+/// and status names the prefix and their count.
+#[tokio::test]
+async fn keys_under_a_newly_added_exclude_are_listed_in_status() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/ex/keep/", 50, 8).await.unwrap();
+    load_keys(&mut src, "/ex/skip/", 100, 8).await.unwrap();
+    let cfg = fast_progress(pair.config("new-exclude", "/ex/"));
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = synced(&agent).await;
+    assert!(status.excluded_keys_in_target.is_empty(), "{status:#?}");
+    assert_eq!(agent.terminate().await.unwrap(), Some(0));
+
+    let agent = AgentProcess::start(&cfg.clone().with("exclude_prefixes = [\"skip/\"]")).await.unwrap();
+    let status = synced(&agent).await;
+    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("RangeChanged"), "{status:#?}");
+    let listed = &status.excluded_keys_in_target;
+    assert_eq!(listed.len(), 1, "{status:#?}");
+    assert_eq!((listed[0].prefix.as_str(), listed[0].keys), ("skip/", 100));
+    assert_eq!(count(&mut dst, "/ex/skip/").await, 100, "excluded keys are never pruned");
+    assert!(agent.log().contains("holds keys under an excluded prefix"));
+}

@@ -309,3 +309,41 @@ async fn changed_target_cluster_id_rearms_require_empty() {
     assert!(status.condition("EmptyTargetViolation"), "{status:#?}");
     assert_eq!(scenario::current_revision(&mut dst).await.unwrap(), before, "nothing may be written");
 }
+
+/// Issue #20 defect 9: `lease_backed_keys` says how many keys of the range carry a lease now,
+/// not how many leased puts ever passed. 20 leased keys, each re-put 5 times under the same
+/// lease, then 15 deleted: the reconcile pass reports 5 (it used to count 20 + 100 and grow
+/// on every re-put, never falling on a delete).
+#[tokio::test]
+async fn lease_backed_keys_counts_keys_that_carry_a_lease_now() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/l/plain/", 30, 16).await.unwrap();
+    let lease = src.lease_grant(600, None).await.unwrap().id();
+    let leased = || etcd_client::PutOptions::new().with_lease(lease);
+    for i in 0..20 {
+        src.put(format!("/l/leased/{i:02}"), "v", Some(leased())).await.unwrap();
+    }
+    let cfg = scenario::fast_config(&source, &target, "leased", "/l/").with("[reconcile]\ninterval = \"1s\"");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    for round in 0..5 {
+        for i in 0..20 {
+            src.put(format!("/l/leased/{i:02}"), format!("v{round}"), Some(leased())).await.unwrap();
+        }
+    }
+    for i in 0..15 {
+        src.delete(format!("/l/leased/{i:02}"), None).await.unwrap();
+    }
+    let head = scenario::current_revision(&mut src).await.unwrap();
+    let status = agent
+        .wait_for("a pass after the deletes", SYNC_TIMEOUT, |s| {
+            s.watermark >= head && s.last_reconcile.is_some() && s.lease_backed_keys == 5
+        })
+        .await;
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => panic!("{e}: lease_backed_keys = {}", agent.status().await.unwrap().lease_backed_keys),
+    };
+    assert_eq!(status.source_keys, Some(35), "{status:#?}");
+}

@@ -48,7 +48,7 @@ pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
-    now_rfc3339, Condition, ConditionType, CutoverStatus, ForcedResyncs, Freshness, HaStatus,
+    now_rfc3339, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs, Freshness, HaStatus,
     InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
 };
 pub use stride::Stride;

@@ -94,6 +94,15 @@ pub struct ForcedResyncs {
     pub last_reason: Option<String>,
 }
 
+/// Keys the target holds under one excluded prefix.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExcludedKeys {
+    /// The exclude, relative to the source prefix, as configured (lossy UTF-8).
+    pub prefix: String,
+    /// Target keys under its destination form.
+    pub keys: u64,
+}
+
 /// Result of the last reconcile pass.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LastReconcile {
@@ -287,7 +296,10 @@ pub struct Status {
     pub initial_sync: InitialSyncStatus,
     /// Target keys written by the tail and the scan.
     pub keys_applied_total: u64,
-    /// Source keys seen with a lease (leases are stripped).
+    /// Source keys in scope that carry a lease (leases are stripped), as of the last full
+    /// read of the range: the initial sync's scan (growing while it runs), then each reconcile
+    /// pass or drain verification. The tail does not move it: a put with a lease may re-put a
+    /// key already counted, and a lease's expiry arrives as plain deletes.
     pub lease_backed_keys: u64,
     /// Forced resyncs.
     pub forced_resyncs: ForcedResyncs,
@@ -303,6 +315,11 @@ pub struct Status {
     pub target_keys: Option<u64>,
     /// The last reconcile pass.
     pub last_reconcile: Option<LastReconcile>,
+    /// Excluded prefixes under which the target still holds keys (counted at every connect and
+    /// reconcile pass): typically an exclude added to a running link. The agent never writes,
+    /// counts or prunes there, so those keys stay until someone deletes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_keys_in_target: Vec<ExcludedKeys>,
     /// Conditions.
     pub conditions: Vec<Condition>,
     /// Cutover record, once draining.

@@ -145,6 +145,7 @@ impl Run<'_> {
             s.role = "primary".into();
             s.source_keys = Some(counts.source_keys);
             s.target_keys = Some(counts.target_keys);
+            s.lease_backed_keys = counts.leased_keys;
             s.cutover = Some(mirror_core::CutoverStatus {
                 drain_target_revision: drain_target,
                 drained_revision: drained,
@@ -237,9 +238,11 @@ impl Run<'_> {
                 "reconcile pass found drift"
             );
         }
+        self.note_excluded_in_target().await?;
         self.engine.update(|s| {
             s.source_keys = Some(c.source_keys);
             s.target_keys = Some(c.target_keys);
+            s.lease_backed_keys = c.leased_keys;
             s.last_reconcile = Some(mirror_core::LastReconcile {
                 time: Some(now_rfc3339()),
                 missing: c.missing,

@@ -51,6 +51,7 @@ impl Run<'_> {
         if let (StartPlan::Tail { .. } | StartPlan::ResumeScan, Some(r)) = (&plan, &stored) {
             self.refuse_source_behind(r.watermark).await?;
         }
+        self.note_excluded_in_target().await?;
         match (plan, stored) {
             (StartPlan::Tail { watermark }, Some(r)) => {
                 let next = resumed(self, &r);
@@ -116,6 +117,7 @@ impl Run<'_> {
                 self.engine.update(|s| {
                     s.initial_sync.total_keys = total;
                     s.initial_sync.keys = 0;
+                    s.lease_backed_keys = 0;
                     s.initial_sync.started = Some(now_rfc3339());
                     s.initial_sync.completed = None;
                     s.watermark = r0;
@@ -175,6 +177,35 @@ impl Run<'_> {
         if source_revision < watermark {
             return Err(Refusal::SourceWentBack { watermark, source_revision }.into());
         }
+        Ok(())
+    }
+
+    /// Counts what the target still holds under each excluded prefix and lists it in status
+    /// (`excluded_keys_in_target`), with one warning when there is any: those keys are outside
+    /// the mirrored range, so no prune or reconcile pass ever touches them (an exclude added to a
+    /// running link leaves its keys behind). One count-only read per exclude.
+    pub(super) async fn note_excluded_in_target(&mut self) -> Result<(), EngineError> {
+        // The configured ones only: the rewriter's list also holds the reserved namespace.
+        let excludes = self.cfg().sync.exclude_prefixes.clone();
+        let dest_prefix = self.engine.rewriter.dest_prefix().to_vec();
+        let mut found = Vec::new();
+        for exclude in &excludes {
+            let relative = exclude.as_bytes();
+            let start = [&dest_prefix[..], relative].concat();
+            let window = [mirror_core::KeyRange { end: mirror_core::prefix_end(&start), start }];
+            let timeout = self.timeout();
+            let (keys, _) = count(&mut self.target_kv, &window, None, Side::Target, timeout).await?;
+            if keys > 0 {
+                let prefix = String::from_utf8_lossy(relative).into_owned();
+                warn!(
+                    exclude = %prefix,
+                    keys,
+                    "the target holds keys under an excluded prefix; the agent never touches them (delete them by hand if they are stale)"
+                );
+                found.push(mirror_core::ExcludedKeys { prefix, keys });
+            }
+        }
+        self.engine.update(|s| s.excluded_keys_in_target = found);
         Ok(())
     }
 

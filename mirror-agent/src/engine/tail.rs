@@ -207,10 +207,7 @@ impl Run<'_> {
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
             let converted = convert_events(resp.events(), &self.engine.rewriter, floor);
-            self.engine.update(|s| {
-                s.source_revision = s.source_revision.max(header_rev);
-                s.lease_backed_keys += converted.leased;
-            });
+            self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
             revisions.extend(converted.revisions);
         }
         self.apply_revisions(revisions, scan_end).await
@@ -266,7 +263,6 @@ impl Run<'_> {
             return self.prove_idle(header_rev, scan_end).await;
         }
         let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
-        self.engine.update(|s| s.lease_backed_keys += converted.leased);
         self.apply_revisions(converted.revisions, scan_end).await
     }
 

@@ -76,3 +76,64 @@ async fn large_values_sync_reconcile_verify_and_cut_over(#[case] version: EtcdVe
     let status = agent.status().await.unwrap();
     assert!(status.last_error.as_ref().is_none_or(|e| e.class != "permanent"), "{:?}", status.last_error);
 }
+
+/// Issue #20 defect 5: a value the source accepted under the same `--max-request-bytes` (64 KiB
+/// on both sides) no longer fits beside the checkpoint put. In the scan (the value sits among
+/// 300 others, so it lands in the middle of a chunk) and in the tail it is written alone, the
+/// checkpoint following; the target ends equal. Before, the scan failed with a permanent error
+/// naming no key, or only when the value fell in a cycle's last chunk, and the tail stopped
+/// with RevisionTooLarge.
+#[tokio::test]
+async fn a_value_at_the_request_limit_is_mirrored_in_scan_and_tail() {
+    let version = EtcdVersion::V3_5_30;
+    let limit = "--max-request-bytes=65536";
+    let source = EtcdCluster::start(ClusterSpec::new(version).arg(limit)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(version).arg(limit)).await.unwrap();
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    let near_limit = |salt: u8| vec![b'a' + salt; 65_300];
+    for i in 0..300 {
+        src.put(format!("/lim/k-{i:03}"), format!("small-{i}"), None).await.unwrap();
+    }
+    src.put("/lim/k-150-big", near_limit(0), None).await.expect("the source takes it");
+    let cfg = scenario::fast_config(&source, &target, "limit", "/lim/");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await.unwrap();
+    src.put("/lim/k-200-big", near_limit(1), None).await.expect("the source takes it");
+    caught_up(&agent, &mut src).await.unwrap();
+    for key in ["/lim/k-150-big", "/lim/k-200-big"] {
+        let got = dst.get(key, None).await.unwrap();
+        assert_eq!(got.kvs().first().map(|kv| kv.value().len()), Some(65_300), "{key}");
+    }
+    let status = agent.status().await.unwrap();
+    assert!(status.last_error.is_none(), "{:?}", status.last_error);
+    assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 302, .. }));
+    assert!(agent.log().contains("written alone, the checkpoint follows"));
+}
+
+/// Issue #20 defect 5, the truly unfittable case: a 100 KB value against a target limited to
+/// 64 KiB (the source has etcd's default 1.5 MiB) is a permanent ValueTooLarge in the scan and
+/// RevisionTooLarge in the tail, each naming the key, its size and the flag to raise.
+#[tokio::test]
+async fn a_value_over_the_targets_limit_names_key_size_and_flag() {
+    let version = EtcdVersion::V3_5_30;
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    for i in 0..100 {
+        src.put(format!("/over/k-{i:03}"), "small", None).await.unwrap();
+    }
+    src.put("/over/k-050-huge", vec![b'x'; 100_000], None).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "over", "/over/");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent
+        .wait_for("failed", Duration::from_secs(60), |s| s.phase == mirror_core::Phase::Failed)
+        .await
+        .unwrap();
+    let error = status.last_error.expect("a last_error");
+    assert_eq!(error.reason, "ValueTooLarge", "{error:?}");
+    // The key is redacted to its prefix and a digest; the size counts key, value and overhead.
+    for part in ["key /over/", "100032 bytes", "--max-request-bytes"] {
+        assert!(error.message.contains(part), "{part:?} missing from {:?}", error.message);
+    }
+}

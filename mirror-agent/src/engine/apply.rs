@@ -64,28 +64,26 @@ impl Run<'_> {
                 if e.fault == Fault::TooManyOps && per_level > 2 {
                     // The target allows fewer ops per level than configured: lay the Txn out
                     // deeper rather than give up a revision that fits its byte limit.
-                    warn!(
-                        configured = per_level,
-                        now = per_level / 2,
-                        "target refused a Txn for too many ops per level; sync.max_txn_ops is above the target's --max-txn-ops"
-                    );
-                    let writer = self.writer.take().expect("fence claimed").with_max_txn_ops(per_level / 2);
-                    self.writer = Some(writer);
+                    self.nest_deeper(per_level);
                     return Box::pin(self.apply(batch, scan_end)).await;
                 }
-                let coalesced = match e.fault {
-                    Fault::RequestTooLarge => self.commit_coalesced(&ops, next, last).await?,
+                let mut landed = match e.fault {
+                    Fault::RequestTooLarge => self.commit_coalesced(&ops, next.clone(), last).await?,
                     _ => None,
                 };
-                let Some(landed) = coalesced else {
+                if landed.is_none() && e.fault == Fault::RequestTooLarge {
+                    landed = self.commit_data_then_checkpoint(&ops, next).await?.then_some(ops.len());
+                }
+                let Some(landed) = landed else {
+                    let biggest = ops.iter().max_by_key(|op| op.size());
                     return Err(Refusal::RevisionTooLarge {
                         revision: last,
                         ops: ops.len(),
                         bytes: ops.iter().map(Op::size).sum(),
-                        first_key: ops
-                            .first()
+                        first_key: biggest
                             .map(|op| self.engine.rewriter.redact(op.key()))
                             .unwrap_or_default(),
+                        biggest: biggest.map_or(0, Op::size),
                         fault: format!("{:?}", e.fault),
                     }
                     .into());
@@ -114,6 +112,90 @@ impl Run<'_> {
             self.finish_genesis_if_due(scan_end, last).await?;
         }
         Ok(())
+    }
+
+    /// The last resort for ops that fit the target's request limit only without the checkpoint
+    /// put beside them (a value the source accepted under the same `--max-request-bytes`): one
+    /// fenced data-only Txn with all of them, then a checkpoint-only Txn moving the record to
+    /// `next`. Nothing is partial: the ops land together, and a crash between the two re-applies
+    /// them (puts and deletes are idempotent) from the old watermark. Until the second Txn the
+    /// target is a step ahead of its watermark, never behind it. False when even the ops alone
+    /// are too large.
+    async fn commit_data_then_checkpoint(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+    ) -> Result<bool, EngineError> {
+        let txn_ops = ops.iter().map(Op::to_txn_op).collect();
+        match self.writer().commit(txn_ops, None).await {
+            Ok(_) => {}
+            Err(FenceError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(false),
+            Err(FenceError::Etcd(e)) => {
+                // Not settled: a transient error; the caller's retry starts over from the
+                // watermark, and the ops are idempotent.
+                return Err(e.into());
+            }
+            Err(f) => return Err(f.into()),
+        }
+        warn!(
+            ops = ops.len(),
+            bytes = ops.iter().map(Op::size).sum::<usize>(),
+            "ops fit the target's request limit only without the checkpoint: written alone, the checkpoint follows"
+        );
+        self.commit_with_retry(&[], next).await?;
+        Ok(true)
+    }
+
+    /// Commits independent ops (scan puts, repairs, prune deletes: any subset may land before the
+    /// rest) with the checkpoint `next`, whatever the target's limits: the one write path of
+    /// every pass that is not the tail (issue #20 defect 5: the scan, sweep, settle and
+    /// reconcile paths never split a Txn, and a value near the request limit failed the scan
+    /// with a permanent error naming nothing). Too many ops per level: nest deeper. Too large:
+    /// halves, the first under the record as it stands, the second with `next`, down to a single
+    /// op; a single op that fits only without the checkpoint put is written alone
+    /// ([`Run::commit_data_then_checkpoint`]); one that does not fit at all is
+    /// [`Refusal::ValueTooLarge`], naming the key (redacted) and its size.
+    pub(super) async fn commit_independent(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+    ) -> Result<(), EngineError> {
+        let e = match self.commit_with_retry(ops, next.clone()).await {
+            Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => e,
+            other => return other,
+        };
+        let per_level = self.writer().max_txn_ops();
+        if e.fault == Fault::TooManyOps && per_level > 2 {
+            self.nest_deeper(per_level);
+            return Box::pin(self.commit_independent(ops, next)).await;
+        }
+        if ops.len() > 1 {
+            let (first, second) = ops.split_at(ops.len() / 2);
+            let same = self.writer().record().clone();
+            Box::pin(self.commit_independent(first, same)).await?;
+            return Box::pin(self.commit_independent(second, next)).await;
+        }
+        if e.fault == Fault::RequestTooLarge && self.commit_data_then_checkpoint(ops, next).await? {
+            return Ok(());
+        }
+        let op = ops.first();
+        Err(Refusal::ValueTooLarge {
+            key: op.map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default(),
+            bytes: op.map_or(0, Op::size),
+            fault: format!("{:?}", e.fault),
+        }
+        .into())
+    }
+
+    /// The target refused a Txn for too many ops per level: lay Txns out with half as many.
+    fn nest_deeper(&mut self, per_level: usize) {
+        warn!(
+            configured = per_level,
+            now = per_level / 2,
+            "target refused a Txn for too many ops per level; sync.max_txn_ops is above the target's --max-txn-ops"
+        );
+        let writer = self.writer.take().expect("fence claimed").with_max_txn_ops(per_level / 2);
+        self.writer = Some(writer);
     }
 
     /// Commits a revision too large for one request with its runs of deletes coalesced into

@@ -134,7 +134,7 @@ impl Run<'_> {
             if !landed {
                 // Redo through the judged path: a moved fence surfaces as a FenceError there.
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&ops, same).await?;
+                self.commit_independent(&ops, same).await?;
             }
         }
         let mut next = self.writer().record().clone();
@@ -142,7 +142,7 @@ impl Run<'_> {
         next.scanning = true;
         next.prune_pending = prune;
         next.scan_cursor = last.cursor;
-        self.commit_with_retry(&last.ops, next).await?;
+        self.commit_independent(&last.ops, next).await?;
         self.engine.update(|s| {
             s.initial_sync.keys += keys as u64;
             s.keys_applied_total += keys as u64;

@@ -16,8 +16,9 @@ pub enum Refusal {
     },
     /// One source revision is over the target's request limit, even with its deletes coalesced.
     #[error(
-        "source revision {revision} ({ops} ops, {bytes} bytes, first key {first_key}) is too large for the target \
-         ({fault}); nothing of it was applied. Raise the target's --max-request-bytes above {bytes}"
+        "source revision {revision} ({ops} ops, {bytes} bytes; largest op {biggest} bytes, key {first_key}) is too \
+         large for the target ({fault}), even written without the checkpoint; nothing of it was applied. Raise the \
+         target's --max-request-bytes above {bytes} (etcd's default is 1.5 MiB)"
     )]
     RevisionTooLarge {
         /// The source revision.
@@ -26,8 +27,24 @@ pub enum Refusal {
         ops: usize,
         /// Its bytes as last tried.
         bytes: usize,
-        /// Its first key, redacted.
+        /// The key of its largest op, redacted.
         first_key: String,
+        /// The size of its largest op.
+        biggest: usize,
+        /// What the target said.
+        fault: String,
+    },
+    /// One op (a scan put, a repair) is over the target's request limit even alone.
+    #[error(
+        "key {key}: {bytes} bytes is too large for the target ({fault}), even alone in a Txn; nothing of it was \
+         written. Raise the target's --max-request-bytes above {bytes} (etcd's default is 1.5 MiB), or exclude the \
+         key's prefix"
+    )]
+    ValueTooLarge {
+        /// The target key, redacted.
+        key: String,
+        /// Its key and value bytes.
+        bytes: usize,
         /// What the target said.
         fault: String,
     },
@@ -121,6 +138,7 @@ impl Refusal {
         match self {
             Refusal::EmptyTarget { .. } => "EmptyTargetViolation",
             Refusal::RevisionTooLarge { .. } => "RevisionTooLarge",
+            Refusal::ValueTooLarge { .. } => "ValueTooLarge",
             Refusal::NestedLink { .. } => "PrefixConflict",
             Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => "DirectionConflict",
             Refusal::VersionUnsupported { .. } => "VersionUnsupported",

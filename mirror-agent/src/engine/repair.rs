@@ -59,7 +59,7 @@ impl Run<'_> {
                 next.scanning = true;
                 next.prune_pending = true;
                 deleted += batch.len() as u64;
-                self.commit_with_retry(&batch, next).await?;
+                self.commit_independent(&batch, next).await?;
             }
             if done && chunker.is_empty() {
                 break;
@@ -214,7 +214,7 @@ impl Run<'_> {
             if let Some(batch) = full {
                 let n = batch.len() as u64;
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&batch, same).await?;
+                self.commit_independent(&batch, same).await?;
                 repaired += n;
                 // commit_with_retry paced the repair; a long paced pass must not let the
                 // source's events pile up in this process.

@@ -78,12 +78,12 @@ impl Run<'_> {
             }
             if let Some(batch) = chunker.push(op) {
                 let same = self.writer().record().clone();
-                self.commit_with_retry(&batch, same).await?;
+                self.commit_independent(&batch, same).await?;
             }
         }
         if let Some(batch) = chunker.take() {
             let same = self.writer().record().clone();
-            self.commit_with_retry(&batch, same).await?;
+            self.commit_independent(&batch, same).await?;
         }
         if differences > 0 && !repair {
             self.drain_settles += 1;

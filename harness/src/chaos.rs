@@ -266,6 +266,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         sole_writer_after: None,
         target_has: Vec::new(),
         min_scan_restarts: None,
+        max_scan_restarts: None,
         max_lag_revisions: None,
         max_watch_restarts: None,
         during: None,

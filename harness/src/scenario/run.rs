@@ -605,6 +605,7 @@ impl<'a> Run<'a> {
             sole_writer_after,
             target_has,
             min_scan_restarts,
+            max_scan_restarts,
             max_lag_revisions,
             max_watch_restarts,
             during,
@@ -674,10 +675,13 @@ impl<'a> Run<'a> {
                 bail!("expected the sides to differ, they are equal");
             }
         }
-        if let Some(least) = min_scan_restarts {
+        if min_scan_restarts.is_some() || max_scan_restarts.is_some() {
             let got = self.status(agent).await?.scan_restarts;
-            if got < *least {
-                bail!("expected at least {least} genesis restarts, saw {got}");
+            if min_scan_restarts.is_some_and(|least| got < least) {
+                bail!("expected at least {} genesis restarts, saw {got}", min_scan_restarts.unwrap_or(0));
+            }
+            if max_scan_restarts.is_some_and(|most| got > most) {
+                bail!("expected at most {} genesis restarts, saw {got}", max_scan_restarts.unwrap_or(0));
             }
         }
         if !target_has.is_empty() {

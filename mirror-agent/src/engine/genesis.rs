@@ -6,43 +6,34 @@ impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
     pub(super) async fn genesis(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         self.engine.set_phase(Phase::InitialSync);
-        if prune && self.prunes_everything() {
-            // Before the first data write, not only before the sweep.
-            self.refuse_foreign_links().await?;
-        }
-        let mut watch = match self.open_watch(r0 + 1).await {
+        let watch = match self.open_watch(r0 + 1).await {
             Ok(w) => w,
             Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
                 return Err(EngineError::Resync("CompactedDuringScan"))
             }
             Err(e) => return Err(e),
         };
-        // Buffer the watch while scanning.
-        let buffer =
-            Arc::new(Mutex::new(ReplayBuffer::new(self.cfg().sync.watch_buffer_bytes.bytes() as usize)));
-        let stop = CancellationToken::new();
-        let forwarder = tokio::spawn(forward(
-            watch.stream,
-            buffer.clone(),
-            stop.clone(),
-            self.engine.rewriter.clone(),
-            r0,
-        ));
-
-        let scan = self.scan(r0, cursor, prune, &forwarder).await;
-        stop.cancel();
-        let (stream, forwarded) =
-            forwarder.await.map_err(|_| EngineError::RestartGenesis("ForwarderPanicked"))?;
-        scan?;
-        forwarded?;
-        watch.stream = stream;
-
-        // Prune owed: sweep target keys whose source no longer has them.
-        if prune {
-            self.sweep(r0).await?;
+        // Buffer the watch while scanning, and through the prune sweep after it: a sweep that
+        // left the watch unread let etcd compact past it (issue #20 defect 3).
+        // The watch opens first: the foreign-link check reads the whole destination range, and
+        // a compaction during it used to cancel a watch opened afterwards at R0 + 1.
+        self.start_buffering(watch, r0);
+        let mut pass = Ok(());
+        if prune && self.prunes_everything() {
+            // Before the first data write, not only before the sweep.
+            pass = self.refuse_foreign_links().await;
         }
+        if pass.is_ok() {
+            pass = self.scan(r0, cursor, prune).await;
+        }
+        if pass.is_ok() && prune && !self.buffering_ended() {
+            // Prune owed: sweep target keys whose source no longer has them.
+            pass = self.sweep(r0).await;
+        }
+        let buffered = self.stop_buffering().await;
+        pass?;
+        let (watch, replay) = buffered?;
         let scan_end = self.source_revision().await?;
-        let replay = buffer.lock().await.drain();
         info!(r0, scan_end, buffered = replay.len(), "scan done; replaying to scan_end");
         self.tail(watch, Some((scan_end, replay))).await
     }
@@ -60,13 +51,7 @@ impl Run<'_> {
     /// `scan_cursor` to its last key: every key up to the cursor has landed. The fence holds: a
     /// takeover moves the mod revision and every stale Txn fails; a chunk that failed is redone
     /// through the fenced, judged commit path.
-    pub(super) async fn scan(
-        &mut self,
-        r0: i64,
-        cursor: Vec<u8>,
-        prune: bool,
-        forwarder: &tokio::task::JoinHandle<(WatchResponseStream, Result<(), EngineError>)>,
-    ) -> Result<(), EngineError> {
+    pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
         let scanner = Scanner::new(
             self.source.kv_client(),
@@ -90,8 +75,9 @@ impl Run<'_> {
                 };
                 let Some(chunk) = chunk else { break };
                 let chunk = chunk?;
-                if forwarder.is_finished() {
-                    // The forwarder stops early only on overflow or a compacted watch.
+                if self.buffering_ended() {
+                    // It stops early only on overflow or a compacted watch: said by
+                    // `stop_buffering`.
                     return Ok(());
                 }
                 cycle.push(chunk);
@@ -230,53 +216,6 @@ async fn read_chunks(
 fn scan_chunk(ops: Vec<Op>, cursor: Vec<u8>, leased: u64) -> ScanChunk {
     let bytes = ops.iter().map(Op::size).sum();
     ScanChunk { ops, cursor, leased, bytes }
-}
-
-/// Reads the watch into the replay buffer during the scan. Ends on `stop` (returning the stream
-/// for the tail), on overflow, or on a compacted or broken watch.
-pub(super) async fn forward(
-    mut stream: WatchResponseStream,
-    buffer: Arc<Mutex<ReplayBuffer>>,
-    stop: CancellationToken,
-    rewriter: KeyRewriter,
-    r0: i64,
-) -> (WatchResponseStream, Result<(), EngineError>) {
-    let mut floor = r0;
-    loop {
-        let msg = tokio::select! {
-            _ = stop.cancelled() => return (stream, Ok(())),
-            msg = stream.message() => msg,
-        };
-        let resp = match msg {
-            Ok(Some(r)) => r,
-            Ok(None) => return (stream, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
-            Err(e) => return (stream, Err(EtcdError::new("watch", Side::Source, e).into())),
-        };
-        if resp.canceled() || resp.compact_revision() > 0 {
-            // Name the real cause (defect #4 of issue 10): only a compaction restarts genesis;
-            // any other cancel is an error of its class (a reconnect resumes the scan).
-            let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
-            let err = match fault.class() {
-                ErrorClass::Resync => EngineError::RestartGenesis("CompactedDuringScan"),
-                _ => EngineError::Etcd(EtcdError::new(
-                    "watch",
-                    Side::Source,
-                    etcd_client::Error::WatchError(format!(
-                        "watch cancelled during the scan: {}",
-                        resp.cancel_reason()
-                    )),
-                )),
-            };
-            return (stream, Err(err));
-        }
-        let converted = convert_events(resp.events(), &rewriter, floor);
-        if let Some(last) = converted.revisions.last() {
-            floor = last.revision;
-        }
-        if let Err(overflow) = buffer.lock().await.push(converted.revisions) {
-            return (stream, Err(overflow.into()));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,7 @@ use tracing::{debug, error, info, warn};
 use mirror_core::{Action, ConditionType, RetryPolicy};
 
 mod apply;
+mod buffering;
 mod genesis;
 mod ha;
 mod plan;
@@ -337,6 +338,8 @@ struct Run<'e> {
     next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
+    /// The watch read into a replay buffer while a long pass runs (`buffering`).
+    buffering: Option<buffering::Buffering>,
 }
 
 /// The source watch, split so the request half can ask for progress while the response half is

@@ -84,6 +84,7 @@ impl Engine {
             drain_settles: 0,
             next_idle_proof: None,
             member_probe: None,
+            buffering: None,
         };
         let result = run.start(pending).await;
         let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());

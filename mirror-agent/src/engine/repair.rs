@@ -42,6 +42,12 @@ impl Run<'_> {
         info!("prune sweep started");
         loop {
             self.engine.stop_if_shutting_down()?;
+            if self.buffering_ended() {
+                // The watch buffer is full (or the watch ended): genesis restarts; a sweep
+                // that went on would leave the watch unread (see `buffering`).
+                info!(deleted, "prune sweep stopped: the watch buffer ended");
+                return Ok(());
+            }
             let orphan = sweep.next_orphan().await?;
             let done = orphan.is_none();
             let full = match orphan {

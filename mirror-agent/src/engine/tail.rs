@@ -91,7 +91,8 @@ impl Run<'_> {
                 _ = sleep_until_some(reconcile_at) => {
                     // Inline on the tail's own task: it cannot overlap genesis, a sweep, a
                     // drain or itself, and no tail write races its reads.
-                    self.reconcile_pass(self.cfg().reconcile.delete_orphans).await?;
+                    // The watch is buffered meanwhile, so etcd never finds it stuck.
+                    self.reconcile_buffered(&mut scan_end).await?;
                     next_reconcile = Some(Instant::now() + interval);
                     continue;
                 }

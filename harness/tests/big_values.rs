@@ -137,3 +137,33 @@ async fn a_value_over_the_targets_limit_names_key_size_and_flag() {
         assert!(error.message.contains(part), "{part:?} missing from {:?}", error.message);
     }
 }
+
+/// Issue #20 defect 6: a catch-up of 2 000 revisions of 200 KiB (the agent was down while they
+/// were written) stays within G6. etcd bundles up to 1 000 revisions into one catch-up response
+/// (200 MB here), which the agent used to decode whole; the watch asks for fragments now, so
+/// no response is larger than the source's request limit. Peak RSS of the restarted agent
+/// stays under 64 MiB + 2 x watch_buffer_bytes (16 MiB), and the target ends equal.
+#[tokio::test]
+async fn a_catch_up_of_large_values_stays_within_the_memory_bound() {
+    let version = EtcdVersion::V3_5_30;
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    src.put("/cu/first", "v", None).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "catch-up", "/cu/");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await.unwrap();
+    assert_eq!(agent.terminate().await.unwrap(), Some(0));
+
+    for i in 0..2_000u32 {
+        let value = vec![b'a' + (i % 26) as u8; 200 << 10];
+        src.put(format!("/cu/k-{:02}", i % 50), value, None).await.unwrap();
+    }
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    caught_up(&agent, &mut src).await.unwrap();
+    let peak = agent.peak_rss_bytes().expect("VmHWM from /proc");
+    let bound = (64u64 << 20) + 2 * (16u64 << 20);
+    println!("peak RSS {} MiB during a catch-up of 2 000 x 200 KiB (bound {} MiB)", peak >> 20, bound >> 20);
+    assert!(peak < bound, "peak RSS {} MiB over {} MiB", peak >> 20, bound >> 20);
+    assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 51, .. }));
+}

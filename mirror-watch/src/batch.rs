@@ -253,8 +253,79 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
     out
 }
 
+/// Joins the responses of a fragmented watch (etcd's `fragment` option: a response larger
+/// than the server's request limit comes in pieces, each flagged `fragment` but the last). A
+/// piece ends between events, so one revision may span two pieces: the last revision of a
+/// piece is held back until the next piece shows whether it goes on. So no response is ever
+/// decoded larger than the server's `--max-request-bytes`, and a revision is never split
+/// (convert_events's floor would otherwise drop its second half as a duplicate).
+#[derive(Debug, Default)]
+pub struct Fragments {
+    pending: Option<Revision>,
+}
+
+impl Fragments {
+    /// [`convert_events`] of one watch response, joined with the pieces before it.
+    pub fn convert(
+        &mut self,
+        resp: &etcd_client::WatchResponse,
+        rewriter: &KeyRewriter,
+        floor: i64,
+    ) -> Converted {
+        // etcd-client exposes the `fragment` flag only through the raw message.
+        self.join(convert_events(resp.events(), rewriter, floor), resp.0.fragment)
+    }
+
+    /// The whole revisions of one response, given whether it is a fragment (more follow).
+    pub fn join(&mut self, mut converted: Converted, fragment: bool) -> Converted {
+        if let Some(mut held) = self.pending.take() {
+            match converted.revisions.first_mut() {
+                Some(first) if first.revision == held.revision => {
+                    held.ops.append(&mut first.ops);
+                    *first = held;
+                }
+                _ => converted.revisions.insert(0, held),
+            }
+        }
+        if fragment {
+            self.pending = converted.revisions.pop();
+        }
+        converted
+    }
+
+    /// Bytes held back (a part of one revision).
+    pub fn held_bytes(&self) -> usize {
+        self.pending.as_ref().map_or(0, |r| r.ops.iter().map(Op::size).sum())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// A revision spanning fragments comes out whole and once; one that ends with its fragment
+    /// is held only until the next shows it did; a last piece releases everything.
+    #[test]
+    fn fragments_join_a_revision_split_across_responses() {
+        let rev = |revision: i64, keys: &[&str]| Revision {
+            revision,
+            ops: keys.iter().map(|k| Op::Delete { key: k.as_bytes().to_vec() }).collect(),
+        };
+        let of = |revisions: Vec<Revision>| Converted { revisions, leased: 0 };
+        let revs = |c: &Converted| c.revisions.iter().map(|r| (r.revision, r.ops.len())).collect::<Vec<_>>();
+        let mut f = Fragments::default();
+        let out = f.join(of(vec![rev(5, &["a"]), rev(6, &["b", "c"])]), true);
+        assert_eq!(revs(&out), vec![(5, 1)], "6 may go on in the next piece");
+        let out = f.join(of(vec![rev(6, &["d"]), rev(7, &["e"])]), true);
+        assert_eq!(revs(&out), vec![(6, 3)]);
+        let out = f.join(of(vec![rev(8, &["f"])]), false);
+        assert_eq!(revs(&out), vec![(7, 1), (8, 1)]);
+        assert_eq!(f.held_bytes(), 0);
+        // A piece wholly inside one revision.
+        let mut f = Fragments::default();
+        assert!(f.join(of(vec![rev(9, &["a"])]), true).revisions.is_empty());
+        assert!(f.join(of(vec![rev(9, &["b"])]), true).revisions.is_empty());
+        assert_eq!(revs(&f.join(of(vec![rev(9, &["c"])]), false)), vec![(9, 3)]);
+    }
+
     /// A chunk is flushed *before* the op that would pass the byte limit, and by op count.
     #[test]
     fn op_chunker_checks_bytes_before_adding() {

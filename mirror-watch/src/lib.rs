@@ -11,7 +11,9 @@
 //! - **Duplicates are no-ops.** [`convert_events`] drops every revision at or below the
 //!   watermark, so a replayed watch response changes nothing.
 //! - **G6, bounded memory.** The [`ReplayBuffer`] holding events during the genesis scan refuses
-//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead.
+//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. The watch asks for
+//!   fragments, so no response is larger than the source's `--max-request-bytes`, and
+//!   [`Fragments`] joins a revision that spans pieces.
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.
@@ -29,15 +31,16 @@ mod idle;
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
-pub use batch::{convert_events, Batch, Converted, Op, OpChunker, Revision, RevisionBatcher};
+pub use batch::{convert_events, Batch, Converted, Fragments, Op, OpChunker, Revision, RevisionBatcher};
 pub use buffer::{Overflow, ReplayBuffer};
 pub use idle::{prove_unchanged, IdleProof};
 
-/// The largest watch response the client accepts. etcd sends a response as it is (a catch-up
-/// after a slow spell bundles up to 1 000 revisions; one revision of large values is up to the
-/// source's request limit), and a refused response would be refused again on every re-watch,
-/// so the limit is far above what a page read is allowed.
-pub const WATCH_RESPONSE_LIMIT: usize = 1 << 30;
+/// The largest watch response the client accepts. The watch asks for fragments, so etcd cuts
+/// every response at its own `--max-request-bytes` (1.5 MiB by default; a catch-up after a slow
+/// spell used to bundle up to 1 000 revisions in one response, 200 MB of 200 KiB values,
+/// decoded whole). One event is never larger than a request the source accepted, so this
+/// leaves room for a source limit of up to 128 MiB, far above etcd's recommended 10 MiB.
+pub const WATCH_RESPONSE_LIMIT: usize = 128 << 20;
 
 /// Opens a watch on the whole source range (excludes are filtered per event) from `start`.
 pub async fn open_watch(
@@ -46,7 +49,11 @@ pub async fn open_watch(
     start: i64,
 ) -> Result<WatchStream, EtcdError> {
     let range = rewriter.source_range();
-    let opts = WatchOptions::new().with_range(range.end).with_start_revision(start).with_progress_notify();
+    let opts = WatchOptions::new()
+        .with_range(range.end)
+        .with_start_revision(start)
+        .with_progress_notify()
+        .with_fragment();
     client
         .watch_client()
         .max_decoding_message_size(WATCH_RESPONSE_LIMIT)

@@ -11,11 +11,13 @@
 //!
 //! Memory: the buffer's limit, never the pass's length.
 
+use mirror_watch::Fragments;
+
 use super::*;
 
 /// A watch being read into a replay buffer by [`forward`].
 pub(super) struct Buffering {
-    task: tokio::task::JoinHandle<(WatchResponseStream, Result<(), EngineError>)>,
+    task: tokio::task::JoinHandle<(WatchResponseStream, Fragments, Result<(), EngineError>)>,
     stop: CancellationToken,
     buffer: Arc<Mutex<ReplayBuffer>>,
     sender: WatchRequestSender,
@@ -58,6 +60,7 @@ impl Run<'_> {
         let stop = CancellationToken::new();
         let task = tokio::spawn(forward(
             watch.stream,
+            watch.fragments,
             buffer.clone(),
             stop.clone(),
             self.engine.rewriter.clone(),
@@ -77,11 +80,11 @@ impl Run<'_> {
     pub(super) async fn stop_buffering(&mut self) -> Result<(Watch, Vec<Revision>), EngineError> {
         let b = self.buffering.take().expect("buffering started");
         b.stop.cancel();
-        let (stream, forwarded) =
+        let (stream, fragments, forwarded) =
             b.task.await.map_err(|_| EngineError::RestartGenesis("ForwarderPanicked"))?;
         forwarded?;
         let revisions = b.buffer.lock().await.drain();
-        Ok((Watch { sender: b.sender, stream }, revisions))
+        Ok((Watch { sender: b.sender, stream, fragments }, revisions))
     }
 }
 
@@ -89,21 +92,22 @@ impl Run<'_> {
 /// or on a compacted or broken watch.
 pub(super) async fn forward(
     mut stream: WatchResponseStream,
+    mut fragments: Fragments,
     buffer: Arc<Mutex<ReplayBuffer>>,
     stop: CancellationToken,
     rewriter: KeyRewriter,
     r0: i64,
-) -> (WatchResponseStream, Result<(), EngineError>) {
+) -> (WatchResponseStream, Fragments, Result<(), EngineError>) {
     let mut floor = r0;
     loop {
         let msg = tokio::select! {
-            _ = stop.cancelled() => return (stream, Ok(())),
+            _ = stop.cancelled() => return (stream, fragments, Ok(())),
             msg = stream.message() => msg,
         };
         let resp = match msg {
             Ok(Some(r)) => r,
-            Ok(None) => return (stream, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
-            Err(e) => return (stream, Err(EtcdError::new("watch", Side::Source, e).into())),
+            Ok(None) => return (stream, fragments, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
+            Err(e) => return (stream, fragments, Err(EtcdError::new("watch", Side::Source, e).into())),
         };
         if resp.canceled() || resp.compact_revision() > 0 {
             // Name the real cause (defect #4 of issue 10): only a compaction restarts genesis;
@@ -120,14 +124,14 @@ pub(super) async fn forward(
                     )),
                 )),
             };
-            return (stream, Err(err));
+            return (stream, fragments, Err(err));
         }
-        let converted = convert_events(resp.events(), &rewriter, floor);
+        let converted = fragments.convert(&resp, &rewriter, floor);
         if let Some(last) = converted.revisions.last() {
             floor = last.revision;
         }
         if let Err(overflow) = buffer.lock().await.push(converted.revisions) {
-            return (stream, Err(overflow.into()));
+            return (stream, fragments, Err(overflow.into()));
         }
     }
 }

@@ -347,6 +347,8 @@ struct Run<'e> {
 struct Watch {
     sender: WatchRequestSender,
     stream: WatchResponseStream,
+    /// The part of a revision whose response came in fragments, until its last piece.
+    fragments: mirror_watch::Fragments,
 }
 
 impl Run<'_> {

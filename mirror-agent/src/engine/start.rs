@@ -226,6 +226,6 @@ impl Run<'_> {
             self.engine.update(|s| s.watch_restarts += 1);
         }
         let (sender, stream) = stream.split();
-        Ok(Watch { sender, stream })
+        Ok(Watch { sender, stream, fragments: Default::default() })
     }
 }

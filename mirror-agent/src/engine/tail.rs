@@ -207,7 +207,7 @@ impl Run<'_> {
             }
             let header_rev = resp.header().map_or(0, |h| h.revision());
             let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
-            let converted = convert_events(resp.events(), &self.engine.rewriter, floor);
+            let converted = self.convert(&resp, floor);
             self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
             revisions.extend(converted.revisions);
         }
@@ -263,8 +263,17 @@ impl Run<'_> {
             }
             return self.prove_idle(header_rev, scan_end).await;
         }
-        let converted = convert_events(resp.events(), &self.engine.rewriter, watermark);
+        let converted = self.convert(&resp, watermark);
         self.apply_revisions(converted.revisions, scan_end).await
+    }
+
+    /// The whole revisions of a data response above `floor`, joined across fragments.
+    fn convert(&mut self, resp: &WatchResponse, floor: i64) -> mirror_watch::Converted {
+        let rewriter = &self.engine.rewriter;
+        match self.watch.as_mut() {
+            Some(watch) => watch.fragments.convert(resp, rewriter, floor),
+            None => convert_events(resp.events(), rewriter, floor),
+        }
     }
 
     /// The idle proof (engine module doc): the range is the same at `to` as at the watermark,

@@ -500,3 +500,24 @@ async fn keys_under_a_newly_added_exclude_are_listed_in_status() {
     assert_eq!(count(&mut dst, "/ex/skip/").await, 100, "excluded keys are never pruned");
     assert!(agent.log().contains("holds keys under an excluded prefix"));
 }
+
+/// Issue #20 defect 9: `initial_sync.total_keys` counts the keys the scan will copy. In a chain
+/// the source range holds an upstream link's reserved keys (its checkpoint and election keys
+/// under `its prefix + "\0etcd-mirror/"`), which the scan skips; the total used to count them, so
+/// a finished sync read 100/103.
+#[tokio::test]
+async fn total_keys_leaves_out_another_links_reserved_keys() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/ch/", 100, 8).await.unwrap();
+    for name in ["checkpoint", "election/1", "election/2"] {
+        // An upstream link whose destination is /ch/up/, nested in our source range (one at
+        // /ch/ itself is cut out of the scan windows like our own namespace).
+        let key = format!("/ch/up/{}{name}", mirror_core::RESERVED_MARKER);
+        src.put(key, "an upstream link's", None).await.unwrap();
+    }
+    let agent = AgentProcess::start(&fast_progress(pair.config("chain", "/ch/"))).await.unwrap();
+    let status = synced(&agent).await;
+    assert_eq!((status.initial_sync.keys, status.initial_sync.total_keys), (100, 100), "{status:#?}");
+    assert_eq!(count(&mut dst, "/ch/key-").await, 100);
+}

@@ -65,7 +65,7 @@ impl Run<'_> {
         // One cycle ahead, so the next cycle is read while this one is written; bounded, so
         // memory stays about two cycles.
         let (tx, mut chunks) = tokio::sync::mpsc::channel(SCAN_CYCLE_TXNS);
-        let reader = tokio::spawn(read_chunks(scanner, chunker, self.engine.rewriter.clone(), tx));
+        let reader = tokio::spawn(read_chunks(scanner, chunker, self.engine.rewriter.clone(), r0, tx));
         let result = async {
             let mut cycle = Cycle::default();
             loop {
@@ -78,7 +78,7 @@ impl Run<'_> {
                 if self.buffering_ended() {
                     // It stops early only on overflow or a compacted watch: said by
                     // `stop_buffering`.
-                    return Ok(());
+                    return Ok(false);
                 }
                 cycle.push(chunk);
                 if cycle.chunks.len() >= SCAN_CYCLE_TXNS || cycle.bytes >= SCAN_CYCLE_BYTES {
@@ -88,11 +88,23 @@ impl Run<'_> {
             if !cycle.chunks.is_empty() {
                 self.flush_scan_cycle(cycle, r0, prune).await?;
             }
-            Ok(())
+            Ok(true)
         }
         .await;
-        reader.abort();
-        result
+        // The channel closed: the reader is done, or returning now.
+        if let Ok(true) = result {
+            // `total_keys` was a count of the scan windows at R0, which cannot leave out another
+            // link's reserved keys there (a chain: an upstream link's checkpoint under our
+            // source prefix); the scan skipped them, so the total does too now.
+            if let Ok(uncounted) = reader.await {
+                self.engine.update(|s| {
+                    s.initial_sync.total_keys = s.initial_sync.total_keys.saturating_sub(uncounted)
+                });
+            }
+        } else {
+            reader.abort();
+        }
+        result.map(|_| ())
     }
 
     /// Writes one scan cycle: concurrent data-only Txns, then the last chunk with the cursor.
@@ -181,27 +193,33 @@ async fn read_chunks(
     mut scanner: Scanner,
     mut chunker: OpChunker,
     rewriter: KeyRewriter,
+    r0: i64,
     tx: tokio::sync::mpsc::Sender<Result<ScanChunk, EngineError>>,
-) {
+) -> u64 {
     // The last source key and the lease-backed keys of the chunk being filled.
     let mut cursor = Vec::new();
     let mut leased = 0u64;
+    // Keys skipped as not ours to mirror (another link's reserved keys) that existed at R0.
+    let mut uncounted = 0u64;
     loop {
         let page = match scanner.next_page().await {
             Ok(Some(page)) => page,
             Ok(None) => break,
             Err(e) => {
                 let _ = tx.send(Err(e.into())).await;
-                return;
+                return uncounted;
             }
         };
         for kv in &page.kvs {
-            let Some(key) = rewriter.to_target(kv.key()) else { continue };
+            let Some(key) = rewriter.to_target(kv.key()) else {
+                uncounted += u64::from(kv.mod_revision() <= r0);
+                continue;
+            };
             if let Some(ops) = chunker.push(Op::Put { key, value: kv.value().to_vec() }) {
                 // `kv` opens the next chunk: the full one ends at the previous key.
                 let chunk = scan_chunk(ops, std::mem::take(&mut cursor), std::mem::take(&mut leased));
                 if tx.send(Ok(chunk)).await.is_err() {
-                    return;
+                    return uncounted;
                 }
             }
             leased += u64::from(kv.lease() != 0);
@@ -211,6 +229,7 @@ async fn read_chunks(
     if let Some(ops) = chunker.take() {
         let _ = tx.send(Ok(scan_chunk(ops, cursor, leased))).await;
     }
+    uncounted
 }
 
 fn scan_chunk(ops: Vec<Op>, cursor: Vec<u8>, leased: u64) -> ScanChunk {

@@ -267,6 +267,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         target_has: Vec::new(),
         min_scan_restarts: None,
         max_scan_restarts: None,
+        max_peak_rss_mib: None,
         max_lag_revisions: None,
         max_watch_restarts: None,
         during: None,

@@ -46,7 +46,8 @@ pub async fn serve(
 }
 
 async fn statusz(State(status): State<StatusHandle>) -> impl IntoResponse {
-    let snapshot = status.read().expect("status lock").clone();
+    let mut snapshot = status.read().expect("status lock").clone();
+    snapshot.read_memory();
     Json(snapshot)
 }
 

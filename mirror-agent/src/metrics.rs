@@ -29,7 +29,10 @@ pub struct Metrics {
 
 /// The registry served at `/metrics` and the handle the engine observes into.
 pub fn registry(status: StatusHandle) -> (Registry, Arc<Metrics>) {
-    let mut registry = Registry::with_prefix("etcd_mirror");
+    let mut root = Registry::default();
+    // The Prometheus convention's name, unprefixed, so standard dashboards and rules find it.
+    root.register_collector(Box::new(ProcessCollector));
+    let registry = root.sub_registry_with_prefix("etcd_mirror");
     let metrics = Arc::new(Metrics {
         apply_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
         batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
@@ -47,7 +50,20 @@ pub fn registry(status: StatusHandle) -> (Registry, Arc<Metrics>) {
         metrics.batch_revisions.clone(),
     );
     registry.register_collector(Box::new(StatusCollector { status }));
-    (registry, metrics)
+    (root, metrics)
+}
+
+/// `process_resident_memory_bytes`, read from /proc at each scrape.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if let Some((rss, _)) = mirror_core::process_memory() {
+            gauge(&mut e, "process_resident_memory_bytes", "Resident memory size in bytes", rss as i64)?;
+        }
+        Ok(())
+    }
 }
 
 /// Encodes the registry in the OpenMetrics text format.
@@ -102,7 +118,14 @@ fn labelled_gauges(
 
 impl Collector for StatusCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s: Status = self.status.read().expect("status lock").clone();
+        let mut s: Status = self.status.read().expect("status lock").clone();
+        s.read_memory();
+        gauge(
+            &mut e,
+            "resident_memory_peak_bytes",
+            "The most resident memory the agent has held (VmHWM)",
+            s.peak_rss_bytes as i64,
+        )?;
         let flag = |c: ConditionType| i64::from(s.condition(c));
         gauge(&mut e, "watermark", "Source revision the target reflects", s.watermark)?;
         gauge(&mut e, "source_revision", "Latest source revision seen", s.source_revision)?;

@@ -48,8 +48,9 @@ pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
-    now_rfc3339, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs, Freshness, HaStatus,
-    InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
+    now_rfc3339, process_memory, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs,
+    Freshness, HaStatus, InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status,
+    StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

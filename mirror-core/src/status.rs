@@ -326,6 +326,13 @@ pub struct Status {
     pub cutover: Option<CutoverStatus>,
     /// The last error.
     pub last_error: Option<LastError>,
+    /// Resident memory of the agent now (`VmRSS`), read when status is served; 0 where /proc
+    /// has none.
+    #[serde(default)]
+    pub rss_bytes: u64,
+    /// The most resident memory the agent has held (`VmHWM`): what a memory limit must cover.
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
     /// The HA election, when `ha.enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ha: Option<HaStatus>,
@@ -337,7 +344,26 @@ pub struct Status {
     pub progress_at: Option<SystemTime>,
 }
 
+/// The process's resident memory now and at its peak (`VmRSS`, `VmHWM` of /proc/self/status),
+/// in bytes; `None` where /proc is not there.
+pub fn process_memory() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line[field.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k << 10)
+    };
+    Some((kib("VmRSS:")?, kib("VmHWM:")?))
+}
+
 impl Status {
+    /// Fills `rss_bytes` and `peak_rss_bytes` from /proc (left as they are elsewhere).
+    pub fn read_memory(&mut self) {
+        if let Some((rss, peak)) = process_memory() {
+            self.rss_bytes = rss;
+            self.peak_rss_bytes = peak;
+        }
+    }
+
     /// Sets a condition; `since` moves only when its status flips.
     pub fn set_condition(
         &mut self,

@@ -28,13 +28,28 @@ pub enum Op {
         /// First key after the range.
         end: Vec<u8>,
     },
+    /// `count` deletes of one revision, in key order from `key` to `last`, whose keys between
+    /// were not kept ([`Fragments`] bounds what one revision holds). Not yet an op etcd can take:
+    /// the agent checks that the target holds exactly `count` keys in `[key, last]` and then
+    /// deletes the range, or refuses the revision.
+    DeleteRun {
+        /// First target key.
+        key: Vec<u8>,
+        /// Last target key.
+        last: Vec<u8>,
+        /// Deletes in the run.
+        count: u64,
+    },
 }
 
 impl Op {
     /// The target key.
     pub fn key(&self) -> &[u8] {
         match self {
-            Op::Put { key, .. } | Op::Delete { key } | Op::DeleteRange { key, .. } => key,
+            Op::Put { key, .. }
+            | Op::Delete { key }
+            | Op::DeleteRange { key, .. }
+            | Op::DeleteRun { key, .. } => key,
         }
     }
 
@@ -45,6 +60,7 @@ impl Op {
             Op::Put { key, value } => key.len() + value.len() + OVERHEAD,
             Op::Delete { key } => key.len() + OVERHEAD,
             Op::DeleteRange { key, end } => key.len() + end.len() + OVERHEAD,
+            Op::DeleteRun { key, last, .. } => key.len() + last.len() + 1 + OVERHEAD,
         }
     }
 
@@ -56,8 +72,53 @@ impl Op {
             Op::DeleteRange { key, end } => {
                 TxnOp::delete(key.clone(), Some(etcd_client::DeleteOptions::new().with_range(end.clone())))
             }
+            // The agent resolves every run before it writes; as an op it is its range.
+            Op::DeleteRun { key, last, .. } => TxnOp::delete(
+                key.clone(),
+                Some(etcd_client::DeleteOptions::new().with_range([last.as_slice(), &[0]].concat())),
+            ),
         }
     }
+}
+
+/// Delete ops one revision may hold key by key while its fragments arrive; past this its
+/// deletes are kept as runs ([`Op::DeleteRun`]). Individual deletes of more bytes than this
+/// could not go into one Txn at etcd's default request limit (1.5 MiB) anyway.
+pub const HELD_DELETE_BYTES: usize = 2 << 20;
+
+/// `ops` with every stretch of deletes in increasing key order (and runs already made) folded
+/// into one [`Op::DeleteRun`]; puts and ranges stay where they are.
+pub fn fold_delete_runs(ops: Vec<Op>) -> Vec<Op> {
+    let mut out = Vec::new();
+    let mut run: Option<(Vec<u8>, Vec<u8>, u64)> = None;
+    let close = |run: &mut Option<(Vec<u8>, Vec<u8>, u64)>, out: &mut Vec<Op>| match run.take() {
+        Some((key, _, 1)) => out.push(Op::Delete { key }),
+        Some((key, last, count)) => out.push(Op::DeleteRun { key, last, count }),
+        None => {}
+    };
+    for op in ops {
+        let (first, last, count) = match op {
+            Op::Delete { key } => (key.clone(), key, 1),
+            Op::DeleteRun { key, last, count } => (key, last, count),
+            other => {
+                close(&mut run, &mut out);
+                out.push(other);
+                continue;
+            }
+        };
+        match run.as_mut() {
+            Some((_, run_last, run_count)) if first > *run_last => {
+                *run_last = last;
+                *run_count += count;
+            }
+            _ => {
+                close(&mut run, &mut out);
+                run = Some((first, last, count));
+            }
+        }
+    }
+    close(&mut run, &mut out);
+    out
 }
 
 /// Every in-scope event of one source revision. May be empty (all its events were excluded);
@@ -228,6 +289,9 @@ pub struct Converted {
 pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, floor: i64) -> Converted {
     let mut out = Converted::default();
     let mut grouped: VecDeque<Revision> = VecDeque::new();
+    // Bytes of the current revision's ops, and the size at which they are folded into runs
+    // next (doubling past what a fold left, so scattered deletes are not folded again and again).
+    let (mut bytes, mut fold_at) = (0usize, HELD_DELETE_BYTES);
     for ev in events {
         let Some(kv) = ev.kv() else { continue };
         let rev = kv.mod_revision();
@@ -236,6 +300,15 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
         }
         if grouped.back().is_none_or(|r| r.revision != rev) {
             grouped.push_back(Revision { revision: rev, ops: Vec::new() });
+            (bytes, fold_at) = (0, HELD_DELETE_BYTES);
+        }
+        if bytes > fold_at {
+            // One revision of very many deletes in one response: hold it as runs while it is
+            // read, not only once it is complete.
+            let current = grouped.back_mut().expect("pushed above");
+            current.ops = fold_delete_runs(std::mem::take(&mut current.ops));
+            bytes = current.size();
+            fold_at = HELD_DELETE_BYTES.max(2 * bytes);
         }
         let Some(key) = rewriter.to_target(kv.key()) else { continue };
         let op = match ev.event_type() {
@@ -247,6 +320,7 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
             }
             EventType::Delete => Op::Delete { key },
         };
+        bytes += op.size();
         grouped.back_mut().expect("pushed above").ops.push(op);
     }
     out.revisions = grouped.into();
@@ -287,6 +361,14 @@ impl Fragments {
                 _ => converted.revisions.insert(0, held),
             }
         }
+        // A revision of many deletes (a `del --prefix`, a lease revoke) is held as runs, not
+        // keys (issue #27: 300 000 deletes held key by key, cloned and encoded took the agent
+        // to 533 MiB), whether it came whole or is still arriving in pieces.
+        for revision in &mut converted.revisions {
+            if revision.size() > HELD_DELETE_BYTES {
+                revision.ops = fold_delete_runs(std::mem::take(&mut revision.ops));
+            }
+        }
         if fragment {
             self.pending = converted.revisions.pop();
         }
@@ -301,6 +383,25 @@ impl Fragments {
 
 #[cfg(test)]
 mod tests {
+    /// Stretches of deletes in key order fold into runs; puts end them, a key out of order starts
+    /// a new one, a run of one stays a delete, and folding twice changes nothing.
+    #[test]
+    fn delete_runs_fold_stretches_in_key_order() {
+        let del = |k: &str| Op::Delete { key: k.as_bytes().to_vec() };
+        let run = |a: &str, b: &str, count| Op::DeleteRun {
+            key: a.as_bytes().to_vec(),
+            last: b.as_bytes().to_vec(),
+            count,
+        };
+        let put = Op::Put { key: b"m".to_vec(), value: b"v".to_vec() };
+        let ops = vec![del("a"), del("b"), del("c"), put.clone(), del("n"), del("d"), del("e")];
+        let folded = fold_delete_runs(ops);
+        assert_eq!(folded, vec![run("a", "c", 3), put.clone(), del("n"), run("d", "e", 2)]);
+        assert_eq!(fold_delete_runs(folded.clone()), folded);
+        let more = fold_delete_runs(vec![run("a", "c", 3), del("d"), run("e", "g", 3)]);
+        assert_eq!(more, vec![run("a", "g", 7)]);
+    }
+
     /// A revision spanning fragments comes out whole and once; one that ends with its fragment
     /// is held only until the next shows it did; a last piece releases everything.
     #[test]

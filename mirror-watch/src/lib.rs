@@ -11,9 +11,12 @@
 //! - **Duplicates are no-ops.** [`convert_events`] drops every revision at or below the
 //!   watermark, so a replayed watch response changes nothing.
 //! - **G6, bounded memory.** The [`ReplayBuffer`] holding events during the genesis scan refuses
-//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. The watch asks for
-//!   fragments, so no response is larger than the source's `--max-request-bytes`, and
-//!   [`Fragments`] joins a revision that spans pieces.
+//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. No watch response
+//!   is decoded above [`WATCH_RESPONSE_LIMIT`]: past it the agent watches again asking for
+//!   fragments, each at most the source's `--max-request-bytes`; [`Fragments`] joins a revision
+//!   that spans pieces and holds a revision of many deletes as runs, not keys
+//!   ([`HELD_DELETE_BYTES`]). So what one response or one revision costs is bounded by these
+//!   constants and the source's request limit, never by the revision.
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.
@@ -31,32 +34,47 @@ mod idle;
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
-pub use batch::{convert_events, Batch, Converted, Fragments, Op, OpChunker, Revision, RevisionBatcher};
+pub use batch::{
+    convert_events, fold_delete_runs, Batch, Converted, Fragments, Op, OpChunker, Revision, RevisionBatcher,
+    HELD_DELETE_BYTES,
+};
 pub use buffer::{Overflow, ReplayBuffer};
 pub use idle::{prove_unchanged, IdleProof};
 
-/// The largest watch response the client accepts. The watch asks for fragments, so etcd cuts
-/// every response at its own `--max-request-bytes` (1.5 MiB by default; a catch-up after a slow
-/// spell used to bundle up to 1 000 revisions in one response, 200 MB of 200 KiB values,
-/// decoded whole). One event is never larger than a request the source accepted, so this
-/// leaves room for a source limit of up to 128 MiB, far above etcd's recommended 10 MiB.
-pub const WATCH_RESPONSE_LIMIT: usize = 128 << 20;
+/// The largest unfragmented watch response the client accepts. Most responses are far
+/// smaller; a catch-up after downtime bundles up to 1 000 revisions (200 MB of 200 KiB values)
+/// and would be decoded whole. Past this the watch is opened again asking for fragments
+/// ([`open_watch`]). Not fragmenting by default is deliberate: etcd cuts fragments by
+/// recomputing the message size after each event it adds, which is quadratic in the events of
+/// one piece; a revision of 300 000 deletes then takes the source minutes of CPU to send.
+/// Sized for G6: a response of small delete events decodes to about six times its wire size
+/// (300 000 deletes: 10.5 MB on the wire, about 70 MiB in the agent at its peak).
+pub const WATCH_RESPONSE_LIMIT: usize = 12 << 20;
 
-/// Opens a watch on the whole source range (excludes are filtered per event) from `start`.
+/// The largest response of a fragmented watch: a piece is at most the source's
+/// `--max-request-bytes` (1.5 MiB by default; etcd recommends at most 10 MiB).
+pub const FRAGMENT_RESPONSE_LIMIT: usize = 128 << 20;
+
+/// Opens a watch on the whole source range (excludes are filtered per event) from `start`;
+/// with `fragment`, etcd cuts every response at its own request limit ([`Fragments`] joins
+/// the pieces).
 pub async fn open_watch(
     client: &mut Client,
     rewriter: &KeyRewriter,
     start: i64,
+    fragment: bool,
 ) -> Result<WatchStream, EtcdError> {
     let range = rewriter.source_range();
-    let opts = WatchOptions::new()
-        .with_range(range.end)
-        .with_start_revision(start)
-        .with_progress_notify()
-        .with_fragment();
+    let mut opts =
+        WatchOptions::new().with_range(range.end).with_start_revision(start).with_progress_notify();
+    let mut limit = WATCH_RESPONSE_LIMIT;
+    if fragment {
+        opts = opts.with_fragment();
+        limit = FRAGMENT_RESPONSE_LIMIT;
+    }
     client
         .watch_client()
-        .max_decoding_message_size(WATCH_RESPONSE_LIMIT)
+        .max_decoding_message_size(limit)
         .watch(range.start, Some(opts))
         .await
         .map_err(|e| EtcdError::new("open watch", Side::Source, e))

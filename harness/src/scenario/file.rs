@@ -484,6 +484,10 @@ pub enum Step {
         /// Extension: the agent restarted its genesis (`scan_restarts`) at most this often.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_scan_restarts: Option<u64>,
+        /// Extension: the agent's own `peak_rss_bytes` (VmHWM, also
+        /// `etcd_mirror_resident_memory_peak_bytes`) is at most this many MiB.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_peak_rss_mib: Option<u64>,
         /// Extension: these keys (relative to `target.prefix`) exist in the target, e.g. keys
         /// that were there before the link and that no prune of it may delete.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -870,6 +874,7 @@ forced_resyncs = 0
                 target_has: vec!["before-the-link".into()],
                 min_scan_restarts: Some(1),
                 max_scan_restarts: Some(3),
+                max_peak_rss_mib: Some(96),
                 max_lag_revisions: Some(100),
                 max_watch_restarts: Some(0),
                 during: Some(HumanDuration(Duration::from_secs(2))),

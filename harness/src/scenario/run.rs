@@ -606,6 +606,7 @@ impl<'a> Run<'a> {
             target_has,
             min_scan_restarts,
             max_scan_restarts,
+            max_peak_rss_mib,
             max_lag_revisions,
             max_watch_restarts,
             during,
@@ -673,6 +674,16 @@ impl<'a> Run<'a> {
             let mut dst = self.target.client().await?;
             if difference_now(&mut self.src, &mut dst, &parsed.rewriter()).await?.is_none() {
                 bail!("expected the sides to differ, they are equal");
+            }
+        }
+        if let Some(most) = max_peak_rss_mib {
+            let peak = self.status(agent).await?.peak_rss_bytes;
+            println!("           agent peak RSS {} MiB (at most {most} MiB expected)", peak >> 20);
+            if peak == 0 {
+                bail!("the agent reports no peak_rss_bytes (no /proc?)");
+            }
+            if peak > most << 20 {
+                bail!("agent peak RSS {} MiB > {most} MiB", peak >> 20);
             }
         }
         if min_scan_restarts.is_some() || max_scan_restarts.is_some() {

@@ -45,8 +45,9 @@ impl Run<'_> {
                 next.prune_pending = false;
             }
         }
+        let (ops, guards) = self.resolve_runs(ops, last).await?;
         let mut n = ops.len() as u64;
-        match self.commit_with_retry(&ops, next.clone()).await {
+        match self.commit_guarded_with_retry(&ops, next.clone(), guards.clone()).await {
             Ok(()) => {}
             Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
                 if batch.revisions.len() > 1 {
@@ -68,11 +69,13 @@ impl Run<'_> {
                     return Box::pin(self.apply(batch, scan_end)).await;
                 }
                 let mut landed = match e.fault {
-                    Fault::RequestTooLarge => self.commit_coalesced(&ops, next.clone(), last).await?,
+                    Fault::RequestTooLarge => {
+                        self.commit_coalesced(&ops, next.clone(), last, &guards).await?
+                    }
                     _ => None,
                 };
                 if landed.is_none() && e.fault == Fault::RequestTooLarge {
-                    landed = self.commit_data_then_checkpoint(&ops, next).await?.then_some(ops.len());
+                    landed = self.commit_data_then_checkpoint(&ops, next, guards).await?.then_some(ops.len());
                 }
                 let Some(landed) = landed else {
                     let biggest = ops.iter().max_by_key(|op| op.size());
@@ -114,6 +117,72 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Every [`Op::DeleteRun`] of `ops` as a range delete, with the compare that holds the
+    /// commit to what was checked; other ops pass through. A run is a stretch of one revision's
+    /// deletes whose keys between its ends were not kept (mirror-watch's `Fragments` bounds
+    /// what a revision of many deletes holds, issue #27). It becomes `[first, last]` deleted
+    /// when the target holds exactly `count` keys there (the run's own: G3) and the revision
+    /// puts none there, checked at one target revision T, and the commit requires that no key
+    /// of the range changed after T. Otherwise the deletes interleave with keys that stay (a
+    /// lease revoke of scattered keys too large to hold key by key): `RevisionTooLarge`,
+    /// nothing applied.
+    async fn resolve_runs(
+        &mut self,
+        ops: Vec<Op>,
+        revision: i64,
+    ) -> Result<(Vec<Op>, Vec<etcd_client::Compare>), EngineError> {
+        if !ops.iter().any(|op| matches!(op, Op::DeleteRun { .. })) {
+            return Ok((ops, Vec::new()));
+        }
+        let puts: Vec<Vec<u8>> =
+            ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(|op| op.key().to_vec()).collect();
+        let (mut out, mut guards) = (Vec::with_capacity(ops.len()), Vec::new());
+        let total = ops.len();
+        for op in ops {
+            let Op::DeleteRun { key, last, count } = op else {
+                out.push(op);
+                continue;
+            };
+            let end = [last.as_slice(), &[0u8]].concat();
+            let resp = unary(
+                "count delete run",
+                Side::Target,
+                self.timeout(),
+                self.target_kv
+                    .get(key.clone(), Some(GetOptions::new().with_range(end.clone()).with_count_only())),
+            )
+            .await?;
+            let held = resp.count().max(0) as u64;
+            let head = resp.header().map_or(0, |h| h.revision());
+            let put_inside = puts.iter().any(|p| *p >= key && *p <= last);
+            if held != count || put_inside {
+                return Err(Refusal::RevisionTooLarge {
+                    revision,
+                    ops: total,
+                    // Its deletes one by one, estimated from the run's first key.
+                    bytes: count as usize * (key.len() + 16),
+                    first_key: self.engine.rewriter.redact(&key),
+                    biggest: key.len() + 16,
+                    fault: format!(
+                        "{count} of its deletes lie between {} and {}, where the target holds {held} keys{}: they \
+                         interleave with keys that stay, too many to hold key by key",
+                        self.engine.rewriter.redact(&key),
+                        self.engine.rewriter.redact(&last),
+                        if put_inside { " and the revision puts some" } else { "" }
+                    ),
+                }
+                .into());
+            }
+            guards.push(
+                etcd_client::Compare::mod_revision(key.clone(), etcd_client::CompareOp::Less, head + 1)
+                    .with_range(end.clone()),
+            );
+            out.push(Op::DeleteRange { key, end });
+        }
+        info!(revision, runs = guards.len(), "deletes of a large revision applied as checked range deletes");
+        Ok((out, guards))
+    }
+
     /// The last resort for ops that fit the target's request limit only without the checkpoint
     /// put beside them (a value the source accepted under the same `--max-request-bytes`): one
     /// fenced data-only Txn with all of them, then a checkpoint-only Txn moving the record to
@@ -125,9 +194,10 @@ impl Run<'_> {
         &mut self,
         ops: &[Op],
         next: Checkpoint,
+        guards: Vec<etcd_client::Compare>,
     ) -> Result<bool, EngineError> {
         let txn_ops = ops.iter().map(Op::to_txn_op).collect();
-        match self.writer().commit(txn_ops, None).await {
+        match self.writer().commit_guarded(txn_ops, None, guards).await {
             Ok(_) => {}
             Err(FenceError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(false),
             Err(FenceError::Etcd(e)) => {
@@ -175,7 +245,9 @@ impl Run<'_> {
             Box::pin(self.commit_independent(first, same)).await?;
             return Box::pin(self.commit_independent(second, next)).await;
         }
-        if e.fault == Fault::RequestTooLarge && self.commit_data_then_checkpoint(ops, next).await? {
+        if e.fault == Fault::RequestTooLarge
+            && self.commit_data_then_checkpoint(ops, next, Vec::new()).await?
+        {
             return Ok(());
         }
         let op = ops.first();
@@ -209,6 +281,7 @@ impl Run<'_> {
         ops: &[Op],
         next: Checkpoint,
         revision: i64,
+        guards: &[etcd_client::Compare],
     ) -> Result<Option<usize>, EngineError> {
         const TRIES: u32 = 5;
         for _ in 0..TRIES {
@@ -219,7 +292,8 @@ impl Run<'_> {
                 now = coalesced.len(),
                 "revision over the target's request limit: runs of deletes coalesced into range deletes"
             );
-            match self.commit_guarded_with_retry(&coalesced, next.clone(), vec![guard]).await {
+            let all = guards.iter().cloned().chain([guard]).collect();
+            match self.commit_guarded_with_retry(&coalesced, next.clone(), all).await {
                 Ok(()) => return Ok(Some(coalesced.len())),
                 Err(EngineError::Fence(FenceError::GuardFailed)) => {
                     warn!(
@@ -276,7 +350,9 @@ impl Run<'_> {
         let page = self.page_options("coalesce page").keys_only().at_revision(head);
         let mut target =
             mirror_reconcile::RangeReader::new(self.target_kv.clone(), Side::Target, vec![span], page);
-        let mut out: Vec<Op> = ops.iter().filter(|op| matches!(op, Op::Put { .. })).cloned().collect();
+        // Everything but the single deletes stays as it is: puts, and range deletes already
+        // checked (a resolved run; dropping one lost part of a revision).
+        let mut out: Vec<Op> = ops.iter().filter(|op| !matches!(op, Op::Delete { .. })).cloned().collect();
         let mut run: Vec<Vec<u8>> = Vec::new();
         let mut next_delete = deletes.iter().peekable();
         let close = |run: &mut Vec<Vec<u8>>, out: &mut Vec<Op>| match run.len() {

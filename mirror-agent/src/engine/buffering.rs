@@ -107,7 +107,7 @@ pub(super) async fn forward(
         let resp = match msg {
             Ok(Some(r)) => r,
             Ok(None) => return (stream, fragments, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
-            Err(e) => return (stream, fragments, Err(EtcdError::new("watch", Side::Source, e).into())),
+            Err(e) => return (stream, fragments, Err(watch_error(e))),
         };
         if resp.canceled() || resp.compact_revision() > 0 {
             // Name the real cause (defect #4 of issue 10): only a compaction restarts genesis;
@@ -135,3 +135,17 @@ pub(super) async fn forward(
         }
     }
 }
+
+/// A failed watch read. A response over the client's decode limit (a catch-up bundling up to
+/// 1 000 revisions of large values) is no fault of the link: reconnect, and watch again asking
+/// for fragments (`Engine::fragment_watch`, set by the run loop on this reason).
+pub(super) fn watch_error(e: etcd_client::Error) -> EngineError {
+    let e = EtcdError::new("watch", Side::Source, e);
+    if e.fault == Fault::ResponseTooLarge {
+        return EngineError::Reconnect(WATCH_RESPONSE_TOO_LARGE);
+    }
+    e.into()
+}
+
+/// The reconnect reason of [`watch_error`].
+pub(super) const WATCH_RESPONSE_TOO_LARGE: &str = "WatchResponseTooLarge";

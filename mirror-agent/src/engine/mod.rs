@@ -225,6 +225,9 @@ pub struct Engine {
     compared: Arc<AtomicU64>,
     /// Whether this process ever opened a source watch (later ones count as `watch_restarts`).
     watch_opened: bool,
+    /// Watch asking for fragments: set once a watch response was over the client's decode limit
+    /// (mirror-watch's `WATCH_RESPONSE_LIMIT`), for the rest of the process.
+    fragment_watch: bool,
     /// The target revision of this process's latest checkpoint commit (0: none yet). A target
     /// that answers from before it at a reconnect went back (`TargetWentBack`).
     target_committed: i64,
@@ -273,6 +276,7 @@ impl Engine {
             compared: Arc::default(),
             watch_opened: false,
             target_committed: 0,
+            fragment_watch: false,
         }
     }
 

@@ -44,6 +44,12 @@ impl Engine {
             let err = match result {
                 Ok(()) | Err(EngineError::Shutdown) => return LinkEnd::Stopped,
                 Err(EngineError::Reconnect(why)) => {
+                    if why == super::buffering::WATCH_RESPONSE_TOO_LARGE {
+                        warn!(
+                            "a watch response was over the decode limit; watching in fragments from now on"
+                        );
+                        self.fragment_watch = true;
+                    }
                     info!(why, "reconnecting both sides with the current settings and files");
                     // Immediate once; a reconnect that asks for another within seconds (a
                     // server that takes the handshake but then refuses) waits the initial backoff.

@@ -220,7 +220,8 @@ impl Run<'_> {
     }
 
     pub(super) async fn open_watch(&mut self, start: i64) -> Result<Watch, EngineError> {
-        let stream = open_watch(&mut self.source, &self.engine.rewriter, start).await?;
+        let fragment = self.engine.fragment_watch;
+        let stream = open_watch(&mut self.source, &self.engine.rewriter, start, fragment).await?;
         let first = !std::mem::replace(&mut self.engine.watch_opened, true);
         if !first {
             self.engine.update(|s| s.watch_restarts += 1);

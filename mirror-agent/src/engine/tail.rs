@@ -2,6 +2,7 @@
 
 use futures::FutureExt as _;
 
+use super::buffering::watch_error;
 use super::*;
 
 impl Run<'_> {
@@ -111,7 +112,7 @@ impl Run<'_> {
                         etcd_client::Error::WatchError("watch stream ended".into()),
                     )))
                 }
-                Err(e) => return Err(EtcdError::new("watch", Side::Source, e).into()),
+                Err(e) => return Err(watch_error(e)),
             };
             // Group commit (SPEC §5 Batching): every response already waiting joins this one, so
             // the next Txn carries every whole revision that arrived while the last one was in
@@ -144,7 +145,7 @@ impl Run<'_> {
                         etcd_client::Error::WatchError("watch stream ended".into()),
                     )))
                 }
-                Some(Err(e)) => return Err(EtcdError::new("watch", Side::Source, e).into()),
+                Some(Err(e)) => return Err(watch_error(e)),
             }
             if scan_end.is_none() && self.drain_step(&mut progress).await? {
                 return Ok(());

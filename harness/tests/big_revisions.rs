@@ -84,6 +84,22 @@ async fn big_revisions_land_as_one_target_revision(#[case] version: EtcdVersion)
     assert!(status.last_error.is_none(), "{:?}", status.last_error);
 }
 
+/// A source of 3 000 keys `/wide/a-NNNN-ppp…` (about 80 bytes each) and a target whose
+/// `--max-request-bytes` is 64 KiB: deleting them all is one revision over the target's limit.
+async fn wide_pair(version: EtcdVersion) -> (EtcdCluster, EtcdCluster, Client, Client) {
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let target =
+        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
+    let (mut src, dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    let pad = "p".repeat(60);
+    for start in (0..3_000).step_by(100) {
+        let ops: Vec<TxnOp> =
+            (start..start + 100).map(|i| TxnOp::put(format!("/wide/a-{i:04}-{pad}"), "v", None)).collect();
+        src.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    (source, target, src, dst)
+}
+
 /// A `del --prefix` whose deletes alone are over the target's `--max-request-bytes` (3 000 keys
 /// of ~80 bytes against 64 KiB): the runs of deleted keys are coalesced into range deletes and
 /// the revision still lands as one target revision. A key the range must not touch (under an
@@ -94,16 +110,7 @@ async fn big_revisions_land_as_one_target_revision(#[case] version: EtcdVersion)
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
 async fn deletes_over_the_request_limit_are_coalesced(#[case] version: EtcdVersion) {
-    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
-    let target =
-        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
-    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
-    let pad = "p".repeat(60);
-    for start in (0..3_000).step_by(100) {
-        let ops: Vec<TxnOp> =
-            (start..start + 100).map(|i| TxnOp::put(format!("/wide/a-{i:04}-{pad}"), "v", None)).collect();
-        src.txn(Txn::new().and_then(ops)).await.unwrap();
-    }
+    let (source, target, mut src, mut dst) = wide_pair(version).await;
     src.put("/wide/b-stays", "v", None).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "coalesce", "/wide/")
         .with("txn_flush_bytes = \"32KiB\"\nexclude_prefixes = [\"a-1500-excluded/\"]");
@@ -135,16 +142,7 @@ async fn deletes_over_the_request_limit_are_coalesced(#[case] version: EtcdVersi
 #[tokio::test]
 async fn a_key_created_inside_a_coalesced_range_survives() {
     let version = EtcdVersion::V3_5_30;
-    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
-    let target =
-        EtcdCluster::start(ClusterSpec::new(version).arg("--max-request-bytes=65536")).await.unwrap();
-    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
-    let pad = "p".repeat(60);
-    for start in (0..3_000).step_by(100) {
-        let ops: Vec<TxnOp> =
-            (start..start + 100).map(|i| TxnOp::put(format!("/wide/a-{i:04}-{pad}"), "v", None)).collect();
-        src.txn(Txn::new().and_then(ops)).await.unwrap();
-    }
+    let (source, target, mut src, mut dst) = wide_pair(version).await;
     // Between a-1999-… and a-2000-p… in key order: inside the one run of 3 000 deletes.
     let foreign = "/wide/a-2000-late";
     let cfg = scenario::fast_config(&source, &target, "coalesce-race", "/wide/")

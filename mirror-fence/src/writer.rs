@@ -137,7 +137,9 @@ pub enum FenceError {
         ours: u64,
     },
     /// An older or equal epoch wrote after we held the fence: someone runs with a stale config.
-    #[error("epoch regressed: checkpoint now has epoch {stored} by {agent:?} after this agent (epoch {ours}) committed")]
+    #[error(
+        "epoch regressed: {agent:?} wrote the checkpoint with epoch {stored} while this agent (epoch {ours}) holds or claims it; another agent runs with this epoch: give the one that should write a higher epoch"
+    )]
     EpochRegressed {
         /// Epoch in the checkpoint.
         stored: u64,

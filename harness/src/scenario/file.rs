@@ -2,7 +2,9 @@
 //! error that names its line, so a typo never turns a check into a no-op.
 //!
 //! Additions beyond SPEC §8, all optional, so files written to SPEC §8 run unchanged:
-//! - `wait until = "background"` waits for every background step to finish;
+//! - `wait until = "background"` waits for every background step to finish; `until =
+//!   "caught_up"` until the agent's watermark reaches the source's head revision (equal
+//!   contents can come a revision earlier, when that revision rewrote a value unchanged);
 //! - any step may say `g3_checker = false` (or `true`) to pause (or resume) the continuous G3
 //!   checker from that step on;
 //! - `expect sole_writer_after = "ID"` reads the checkpoint key's history: once agent ID first
@@ -438,8 +440,8 @@ pub enum Step {
         #[serde(rename = "for")]
         for_: HumanDuration,
     },
-    /// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"`, `"equal"`
-    /// or `"background"`.
+    /// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"`,
+    /// `"equal"`, `"caught_up"` or `"background"`.
     Wait {
         /// The state.
         until: String,
@@ -714,6 +716,9 @@ pub enum Until {
     Background,
     /// The agent's `last_error.reason` (`"last_error:REASON"`).
     LastError(String),
+    /// The agent's watermark has reached the source's head revision: it has applied (or
+    /// proved idle) everything written so far and has nothing left to commit.
+    CaughtUp,
 }
 
 /// Parses `until`.
@@ -731,8 +736,9 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
     match until {
         "equal" => Ok(Until::Equal),
         "background" => Ok(Until::Background),
+        "caught_up" => Ok(Until::CaughtUp),
         other => bail!(
-            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\" or \"background\")"
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\", \"caught_up\" or \"background\")"
         ),
     }
 }

@@ -567,6 +567,12 @@ impl<'a> Run<'a> {
                 self.join_background().await?;
                 Ok(None)
             }
+            Until::CaughtUp => {
+                let head = super::current_revision(&mut self.src).await?;
+                let s = self.status(id).await?;
+                Ok((s.watermark < head)
+                    .then(|| format!("watermark {} below source head {head}", s.watermark)))
+            }
         }
     }
 

@@ -196,12 +196,15 @@ impl Schedule {
                     keys: 500,
                     value_size: 32,
                     prefix: prefix.clone(),
+                    lease: None,
+                    lease_every: None,
                 });
                 self.step(&Step::Del {
                     side: SideName::Source,
                     checkpoint: false,
                     key: None,
                     prefix: Some(prefix),
+                    target_revisions: None,
                 });
                 self.step(&Step::Txn { ops: 128, value_size: 32, prefix: format!("txn-{}/", self.big) });
             }
@@ -231,7 +234,14 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
          [agent]\ntoml = '''\n[sync]\nrequest_timeout = \"2s\"\ndial_timeout = \"1s\"\n'''\n\n",
         duration.as_secs()
     );
-    s.step(&Step::Load { side: SideName::Source, keys: 2_000, value_size: 100, prefix: String::new() });
+    s.step(&Step::Load {
+        side: SideName::Source,
+        keys: 2_000,
+        value_size: 100,
+        prefix: String::new(),
+        lease: None,
+        lease_every: None,
+    });
     s.step(&Step::StartAgent { id: "a".into(), epoch: None, toml: None });
     s.step(&Step::Wait {
         until: "condition:InitialSyncComplete=True".into(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, DeleteOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, DeleteOptions, LeaseGrantOptions, PutOptions, Txn, TxnOp};
 
 /// Puts `n` keys `prefix + "key-%08d"` with `value_size`-byte values, up to 128 per Txn and
 /// about 1 MiB per Txn (so values of hundreds of KiB load too); returns the revision after the
@@ -14,6 +14,29 @@ pub async fn load_keys(
     n: usize,
     value_size: usize,
 ) -> anyhow::Result<i64> {
+    load_leased_keys(client, prefix, n, value_size, None).await
+}
+
+/// [`load_keys`] with every `every`-th key (from the first) under source lease `id`, granted
+/// with a 600 s TTL unless it exists: `every = 2` interleaves keys a revoke deletes with keys
+/// that survive it.
+pub async fn load_leased_keys(
+    client: &mut Client,
+    prefix: &str,
+    n: usize,
+    value_size: usize,
+    lease: Option<(i64, usize)>,
+) -> anyhow::Result<i64> {
+    if let Some((id, _)) = lease {
+        let known = client.lease_time_to_live(id, None).await?.ttl() > 0;
+        if !known {
+            client.lease_grant(600, Some(LeaseGrantOptions::new().with_id(id))).await?;
+        }
+    }
+    let opts = |i: usize| match lease {
+        Some((id, every)) if i.is_multiple_of(every) => Some(PutOptions::new().with_lease(id)),
+        _ => None,
+    };
     // Up to 128 puts and about 1 MiB per Txn: etcd's defaults refuse more ops or bytes.
     const TXN_BYTES: usize = 1 << 20;
     let per_txn = (TXN_BYTES / (value_size + 32).max(1)).clamp(1, 128);
@@ -21,7 +44,7 @@ pub async fn load_keys(
     let value = vec![b'v'; value_size];
     for start in (0..n).step_by(per_txn) {
         let ops: Vec<TxnOp> = (start..(start + per_txn).min(n))
-            .map(|i| TxnOp::put(format!("{prefix}key-{i:08}"), value.clone(), None))
+            .map(|i| TxnOp::put(format!("{prefix}key-{i:08}"), value.clone(), opts(i)))
             .collect();
         let resp = client.txn(Txn::new().and_then(ops)).await?;
         rev = resp.header().map_or(rev, |h| h.revision());

@@ -81,10 +81,20 @@ impl Op {
     }
 }
 
-/// Delete ops one revision may hold key by key while its fragments arrive; past this its
-/// deletes are kept as runs ([`Op::DeleteRun`]). Individual deletes of more bytes than this
-/// could not go into one Txn at etcd's default request limit (1.5 MiB) anyway.
+/// Delete ops one revision may hold key by key at the default `watch_buffer_bytes` (16 MiB);
+/// past this its deletes are kept as runs ([`Op::DeleteRun`]). Individual deletes of more bytes
+/// than this could not go into one Txn at etcd's default request limit (1.5 MiB) anyway.
 pub const HELD_DELETE_BYTES: usize = 2 << 20;
+
+/// The bytes of ops one revision is held as key by key before its deletes fold into runs: an
+/// eighth of `watch_buffer_bytes` (so [`HELD_DELETE_BYTES`] at its default). In memory an op
+/// costs about 2.5 x its [`Op::size`], and the Txn built from it twice more, so this keeps a
+/// huge revision within the watch buffer's budget. An operator whose revisions of scattered
+/// deletes (a lease revoke whose keys interleave with keys that stay) do not fold raises
+/// `watch_buffer_bytes`, and the target's `--max-request-bytes` that must take them in one Txn.
+pub fn held_revision_bytes(watch_buffer_bytes: u64) -> usize {
+    usize::try_from(watch_buffer_bytes / 8).unwrap_or(usize::MAX).max(1)
+}
 
 /// `ops` with every stretch of deletes in increasing key order (and runs already made) folded
 /// into one [`Op::DeleteRun`]; puts and ranges stay where they are.
@@ -286,12 +296,19 @@ pub struct Converted {
 
 /// Groups events by revision, rewrites keys, drops out-of-scope events and every revision at
 /// or below `floor` (already applied: a replayed duplicate is a no-op).
-pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, floor: i64) -> Converted {
+/// A revision whose ops pass `hold` bytes is folded into delete runs as it is read (see
+/// [`held_revision_bytes`]).
+pub fn convert_events(
+    events: &[etcd_client::Event],
+    rewriter: &KeyRewriter,
+    floor: i64,
+    hold: usize,
+) -> Converted {
     let mut out = Converted::default();
     let mut grouped: VecDeque<Revision> = VecDeque::new();
     // Bytes of the current revision's ops, and the size at which they are folded into runs
     // next (doubling past what a fold left, so scattered deletes are not folded again and again).
-    let (mut bytes, mut fold_at) = (0usize, HELD_DELETE_BYTES);
+    let (mut bytes, mut fold_at) = (0usize, hold);
     for ev in events {
         let Some(kv) = ev.kv() else { continue };
         let rev = kv.mod_revision();
@@ -300,7 +317,7 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
         }
         if grouped.back().is_none_or(|r| r.revision != rev) {
             grouped.push_back(Revision { revision: rev, ops: Vec::new() });
-            (bytes, fold_at) = (0, HELD_DELETE_BYTES);
+            (bytes, fold_at) = (0, hold);
         }
         if bytes > fold_at {
             // One revision of very many deletes in one response: hold it as runs while it is
@@ -308,7 +325,7 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
             let current = grouped.back_mut().expect("pushed above");
             current.ops = fold_delete_runs(std::mem::take(&mut current.ops));
             bytes = current.size();
-            fold_at = HELD_DELETE_BYTES.max(2 * bytes);
+            fold_at = hold.max(2 * bytes);
         }
         let Some(key) = rewriter.to_target(kv.key()) else { continue };
         let op = match ev.event_type() {
@@ -333,12 +350,19 @@ pub fn convert_events(events: &[etcd_client::Event], rewriter: &KeyRewriter, flo
 /// piece is held back until the next piece shows whether it goes on. So no response is ever
 /// decoded larger than the server's `--max-request-bytes`, and a revision is never split
 /// (convert_events's floor would otherwise drop its second half as a duplicate).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Fragments {
     pending: Option<Revision>,
+    /// See [`held_revision_bytes`].
+    hold: usize,
 }
 
 impl Fragments {
+    /// Joins pieces, folding a revision past `hold` bytes into delete runs.
+    pub fn new(hold: usize) -> Fragments {
+        Fragments { pending: None, hold }
+    }
+
     /// [`convert_events`] of one watch response, joined with the pieces before it.
     pub fn convert(
         &mut self,
@@ -347,7 +371,7 @@ impl Fragments {
         floor: i64,
     ) -> Converted {
         // etcd-client exposes the `fragment` flag only through the raw message.
-        self.join(convert_events(resp.events(), rewriter, floor), resp.0.fragment)
+        self.join(convert_events(resp.events(), rewriter, floor, self.hold), resp.0.fragment)
     }
 
     /// The whole revisions of one response, given whether it is a fragment (more follow).
@@ -365,7 +389,7 @@ impl Fragments {
         // keys (issue #27: 300 000 deletes held key by key, cloned and encoded took the agent
         // to 533 MiB), whether it came whole or is still arriving in pieces.
         for revision in &mut converted.revisions {
-            if revision.size() > HELD_DELETE_BYTES {
+            if revision.size() > self.hold {
                 revision.ops = fold_delete_runs(std::mem::take(&mut revision.ops));
             }
         }
@@ -412,7 +436,7 @@ mod tests {
         };
         let of = |revisions: Vec<Revision>| Converted { revisions, leased: 0 };
         let revs = |c: &Converted| c.revisions.iter().map(|r| (r.revision, r.ops.len())).collect::<Vec<_>>();
-        let mut f = Fragments::default();
+        let mut f = Fragments::new(HELD_DELETE_BYTES);
         let out = f.join(of(vec![rev(5, &["a"]), rev(6, &["b", "c"])]), true);
         assert_eq!(revs(&out), vec![(5, 1)], "6 may go on in the next piece");
         let out = f.join(of(vec![rev(6, &["d"]), rev(7, &["e"])]), true);
@@ -421,7 +445,7 @@ mod tests {
         assert_eq!(revs(&out), vec![(7, 1), (8, 1)]);
         assert_eq!(f.held_bytes(), 0);
         // A piece wholly inside one revision.
-        let mut f = Fragments::default();
+        let mut f = Fragments::new(HELD_DELETE_BYTES);
         assert!(f.join(of(vec![rev(9, &["a"])]), true).revisions.is_empty());
         assert!(f.join(of(vec![rev(9, &["b"])]), true).revisions.is_empty());
         assert_eq!(revs(&f.join(of(vec![rev(9, &["c"])]), false)), vec![(9, 3)]);

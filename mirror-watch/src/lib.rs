@@ -14,9 +14,10 @@
 //!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. No watch response
 //!   is decoded above [`WATCH_RESPONSE_LIMIT`]: past it the agent watches again asking for
 //!   fragments, each at most the source's `--max-request-bytes`; [`Fragments`] joins a revision
-//!   that spans pieces and holds a revision of many deletes as runs, not keys
-//!   ([`HELD_DELETE_BYTES`]). So what one response or one revision costs is bounded by these
-//!   constants and the source's request limit, never by the revision.
+//!   that spans pieces and holds a revision of many deletes as runs, not keys, once its ops
+//!   pass an eighth of `watch_buffer_bytes` ([`held_revision_bytes`]). So what one response or
+//!   one revision costs is bounded by these limits, `watch_buffer_bytes` and the source's
+//!   request limit, never by the revision.
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.
@@ -35,8 +36,8 @@ use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
 pub use batch::{
-    convert_events, fold_delete_runs, Batch, Converted, Fragments, Op, OpChunker, Revision, RevisionBatcher,
-    HELD_DELETE_BYTES,
+    convert_events, fold_delete_runs, held_revision_bytes, Batch, Converted, Fragments, Op, OpChunker,
+    Revision, RevisionBatcher, HELD_DELETE_BYTES,
 };
 pub use buffer::{Overflow, ReplayBuffer};
 pub use idle::{prove_unchanged, IdleProof};

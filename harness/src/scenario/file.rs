@@ -233,6 +233,22 @@ pub enum Step {
         /// Under this sub-prefix.
         #[serde(default)]
         prefix: String,
+        /// Extension: keys go under the source lease with this ID (granted with a 600 s TTL
+        /// unless it exists), every `lease_every`-th key from the first (default every key).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<i64>,
+        /// Extension: see `lease`; 2 interleaves leased keys with keys that survive a revoke.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease_every: Option<usize>,
+    },
+    /// Extension: revokes a source lease (`lease`, from a `load`): etcd deletes its keys in one
+    /// revision.
+    Revoke {
+        /// The lease ID.
+        lease: i64,
+        /// Extension, as on `del`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_revisions: Option<i64>,
     },
     /// Open-loop churn: puts, overwrites, deletes, multi-op Txns, range deletes, leased puts.
     Churn {
@@ -281,6 +297,10 @@ pub enum Step {
         /// Every key under this prefix (one revision).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prefix: Option<String>,
+        /// Extension: the agent (`a`) applies this source revision as exactly this many target
+        /// revisions (1: atomically); the step waits for it to catch up before and after.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_revisions: Option<i64>,
     },
     /// `ops` puts in one source Txn.
     Txn {
@@ -527,6 +547,7 @@ impl Step {
             Step::Put { .. } => "put",
             Step::Del { .. } => "del",
             Step::Txn { .. } => "txn",
+            Step::Revoke { .. } => "revoke",
             Step::StartAgent { .. } => "start_agent",
             Step::StopAgent { .. } => "stop_agent",
             Step::ReloadAgent { .. } => "reload_agent",
@@ -563,8 +584,9 @@ impl Step {
             Step::Load { .. }
                 | Step::Churn { .. }
                 | Step::Put { .. }
-                | Step::Del { .. }
+                | Step::Del { target_revisions: None, .. }
                 | Step::Txn { .. }
+                | Step::Revoke { target_revisions: None, .. }
                 | Step::Compact { .. }
                 | Step::Sleep { .. }
         )
@@ -632,7 +654,7 @@ impl Scenario {
             let step: Step = toml::Value::Table(table).try_into().map_err(|e| at(&e))?;
             if background && !step.may_run_in_background() {
                 return Err(at(&format!(
-                    "{} cannot run in the background (only load, churn, put, del, txn, compact, sleep)",
+                    "{} cannot run in the background (only load, churn, put, del, txn, revoke, compact, sleep; del and revoke without target_revisions)",
                     step.kind()
                 )));
             }
@@ -681,6 +703,11 @@ fn check_step(step: &Step) -> anyhow::Result<()> {
         {
             bail!("del: give exactly one of key, prefix and checkpoint = true")
         }
+        Step::Del { side: SideName::Target, target_revisions: Some(_), .. } => {
+            bail!("del: target_revisions is for a source write")
+        }
+        Step::Load { lease: None, lease_every: Some(_), .. } => bail!("load: lease_every needs a lease"),
+        Step::Load { lease_every: Some(0), .. } => bail!("load: lease_every must be > 0"),
         Step::Put { key, checkpoint, .. } if key.is_some() == *checkpoint => {
             bail!("put: give exactly one of key and checkpoint = true")
         }
@@ -814,7 +841,14 @@ forced_resyncs = 0
         assert_eq!(s.steps[0].line, 21, "the line of its [[step]] header");
         assert_eq!(
             s.steps[0].step,
-            Step::Load { side: SideName::Source, keys: 20_000, value_size: 256, prefix: String::new() }
+            Step::Load {
+                side: SideName::Source,
+                keys: 20_000,
+                value_size: 256,
+                prefix: String::new(),
+                lease: None,
+                lease_every: None
+            }
         );
         assert_eq!(
             s.steps[3].step,
@@ -854,7 +888,22 @@ forced_resyncs = 0
     fn steps_round_trip() {
         let steps = vec![
             Step::Churn { ops: 10, rate: 5, keyspace: 3, value_size: 100, prefix: "c/".into() },
-            Step::Del { side: SideName::Source, checkpoint: false, key: None, prefix: Some("big/".into()) },
+            Step::Del {
+                side: SideName::Source,
+                checkpoint: false,
+                key: None,
+                prefix: Some("big/".into()),
+                target_revisions: Some(1),
+            },
+            Step::Load {
+                side: SideName::Source,
+                keys: 10,
+                value_size: 1,
+                prefix: String::new(),
+                lease: Some(7),
+                lease_every: Some(2),
+            },
+            Step::Revoke { lease: 7, target_revisions: None },
             Step::Put {
                 side: SideName::Target,
                 key: None,

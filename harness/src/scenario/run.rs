@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use super::file::{MemberRef, RevisionRef, Scenario, SideName, Signal, Step, StepAt, Until};
 use super::FAST_SYNC_TOML;
 use crate::{
-    agent_command, check_g3, difference_now, load_keys, AgentBackend, AgentConfig, AgentProcess, Backend,
-    Churn, ClusterSpec, EtcdCluster, EtcdVersion, G3Violation, Proxies, G3,
+    agent_command, check_g3, difference_now, load_leased_keys, AgentBackend, AgentConfig, AgentProcess,
+    Backend, Churn, ClusterSpec, EtcdCluster, EtcdVersion, G3Violation, Proxies, G3,
 };
 
 /// How a run is done.
@@ -289,10 +289,28 @@ impl<'a> Run<'a> {
             | Step::Churn { .. }
             | Step::Put { .. }
             | Step::Del { .. }
-            | Step::Txn { .. }) => {
+            | Step::Txn { .. }
+            | Step::Revoke { .. }) => {
                 let prefix = self.scenario.source_prefix().to_owned();
                 let checkpoint = self.base.parsed()?.checkpoint_key();
-                write_step(&mut self.src, &prefix, &checkpoint, seed, step).await
+                let (Step::Del { target_revisions: Some(want), .. }
+                | Step::Revoke { target_revisions: Some(want), .. }) = step
+                else {
+                    return write_step(&mut self.src, &prefix, &checkpoint, seed, step).await;
+                };
+                // The agent's whole application of this one source revision: from caught up
+                // before it to caught up after it, nothing else writes the target.
+                let mut src = self.src.clone();
+                let mut dst = self.target.client().await?;
+                super::caught_up(&self.agent("a")?.process, &mut src).await?;
+                let before = super::current_revision(&mut dst).await?;
+                let note = write_step(&mut src, &prefix, &checkpoint, seed, step).await?;
+                super::caught_up(&self.agent("a")?.process, &mut src).await?;
+                let moved = super::current_revision(&mut dst).await? - before;
+                if moved != *want {
+                    bail!("{note}: applied as {moved} target revisions, expected {want}");
+                }
+                Ok(format!("{note}, applied as {moved} target revision(s)"))
             }
             Step::StartAgent { id, epoch, toml } => self.start_agent(id, *epoch, toml.as_deref()).await,
             Step::StopAgent { id, signal } => self.stop_agent(id, *signal).await,
@@ -873,9 +891,14 @@ async fn write_step(
     };
     let value = |n: usize| "v".repeat(n);
     match step {
-        Step::Load { keys, value_size, prefix: sub, .. } => {
-            let rev = load_keys(src, &format!("{prefix}{sub}"), *keys, *value_size).await?;
+        Step::Load { keys, value_size, prefix: sub, lease, lease_every, .. } => {
+            let lease = lease.map(|id| (id, lease_every.unwrap_or(1)));
+            let rev = load_leased_keys(src, &format!("{prefix}{sub}"), *keys, *value_size, lease).await?;
             Ok(format!("to revision {rev}"))
+        }
+        Step::Revoke { lease, .. } => {
+            let rev = src.lease_revoke(*lease).await?.header().map_or(0, |h| h.revision());
+            Ok(format!("lease {lease} revoked at {rev}"))
         }
         Step::Churn { ops, rate, keyspace, value_size, prefix: sub } => {
             let report = Churn::new(&format!("{prefix}{sub}"), *ops, *rate, *keyspace)

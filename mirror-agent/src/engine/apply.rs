@@ -79,15 +79,19 @@ impl Run<'_> {
                 }
                 let Some(landed) = landed else {
                     let biggest = ops.iter().max_by_key(|op| op.size());
+                    let bytes = ops.iter().map(Op::size).sum();
                     return Err(Refusal::RevisionTooLarge {
                         revision: last,
                         ops: ops.len(),
-                        bytes: ops.iter().map(Op::size).sum(),
+                        bytes,
                         first_key: biggest
                             .map(|op| self.engine.rewriter.redact(op.key()))
                             .unwrap_or_default(),
                         biggest: biggest.map_or(0, Op::size),
                         fault: format!("{:?}", e.fault),
+                        remedy: format!(
+                            "Raise the target's --max-request-bytes above {bytes} (etcd's default is 1.5 MiB)"
+                        ),
                     }
                     .into());
                 };
@@ -138,6 +142,16 @@ impl Run<'_> {
             ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(|op| op.key().to_vec()).collect();
         let (mut out, mut guards) = (Vec::with_capacity(ops.len()), Vec::new());
         let total = ops.len();
+        // The revision's bytes as individual ops, a run's deletes estimated from its first key.
+        let unfolded: usize = ops
+            .iter()
+            .map(|op| match op {
+                Op::DeleteRun { key, count, .. } => {
+                    *count as usize * (key.len() + Op::Delete { key: Vec::new() }.size())
+                }
+                op => op.size(),
+            })
+            .sum();
         for op in ops {
             let Op::DeleteRun { key, last, count } = op else {
                 out.push(op);
@@ -156,11 +170,11 @@ impl Run<'_> {
             let head = resp.header().map_or(0, |h| h.revision());
             let put_inside = puts.iter().any(|p| *p >= key && *p <= last);
             if held != count || put_inside {
+                let hold = self.held_revision_bytes();
                 return Err(Refusal::RevisionTooLarge {
                     revision,
                     ops: total,
-                    // Its deletes one by one, estimated from the run's first key.
-                    bytes: count as usize * (key.len() + 16),
+                    bytes: unfolded,
                     first_key: self.engine.rewriter.redact(&key),
                     biggest: key.len() + 16,
                     fault: format!(
@@ -169,6 +183,13 @@ impl Run<'_> {
                         self.engine.rewriter.redact(&key),
                         self.engine.rewriter.redact(&last),
                         if put_inside { " and the revision puts some" } else { "" }
+                    ),
+                    remedy: format!(
+                        "The agent holds a revision key by key up to an eighth of sync.watch_buffer_bytes ({hold} \
+                         bytes now): raise sync.watch_buffer_bytes to at least {} bytes, and the target's \
+                         --max-request-bytes above {unfolded} (etcd's default is 1.5 MiB), which must take its deletes \
+                         in one Txn",
+                        unfolded.saturating_mul(8)
                     ),
                 }
                 .into());

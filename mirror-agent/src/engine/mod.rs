@@ -364,6 +364,11 @@ impl Run<'_> {
         self.engine.cfg.sync.request_timeout.get()
     }
 
+    /// Ops of one revision held key by key before its deletes fold into runs.
+    fn held_revision_bytes(&self) -> usize {
+        mirror_watch::held_revision_bytes(self.engine.cfg.sync.watch_buffer_bytes.bytes())
+    }
+
     fn template(&self, watermark: i64) -> Checkpoint {
         Checkpoint {
             link_uid: self.cfg().link_uid.clone(),

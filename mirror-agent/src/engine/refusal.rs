@@ -17,8 +17,7 @@ pub enum Refusal {
     /// One source revision is over the target's request limit, even with its deletes coalesced.
     #[error(
         "source revision {revision} ({ops} ops, {bytes} bytes; largest op {biggest} bytes, key {first_key}) is too \
-         large for the target ({fault}), even written without the checkpoint; nothing of it was applied. Raise the \
-         target's --max-request-bytes above {bytes} (etcd's default is 1.5 MiB)"
+         large for the target ({fault}), even written without the checkpoint; nothing of it was applied. {remedy}"
     )]
     RevisionTooLarge {
         /// The source revision.
@@ -33,6 +32,8 @@ pub enum Refusal {
         biggest: usize,
         /// What the target said.
         fault: String,
+        /// What the operator raises, and to what.
+        remedy: String,
     },
     /// One op (a scan put, a repair) is over the target's request limit even alone.
     #[error(

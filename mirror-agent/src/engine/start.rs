@@ -227,6 +227,7 @@ impl Run<'_> {
             self.engine.update(|s| s.watch_restarts += 1);
         }
         let (sender, stream) = stream.split();
-        Ok(Watch { sender, stream, fragments: Default::default() })
+        let fragments = mirror_watch::Fragments::new(self.held_revision_bytes());
+        Ok(Watch { sender, stream, fragments })
     }
 }

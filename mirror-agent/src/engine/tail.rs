@@ -273,7 +273,7 @@ impl Run<'_> {
         let rewriter = &self.engine.rewriter;
         match self.watch.as_mut() {
             Some(watch) => watch.fragments.convert(resp, rewriter, floor),
-            None => convert_events(resp.events(), rewriter, floor),
+            None => convert_events(resp.events(), rewriter, floor, self.held_revision_bytes()),
         }
     }
 

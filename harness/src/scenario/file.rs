@@ -194,6 +194,9 @@ fn agent_a() -> String {
 fn value_100() -> usize {
     100
 }
+fn load_s() -> String {
+    "s".into()
+}
 fn sixty() -> HumanDuration {
     HumanDuration::secs(60)
 }
@@ -301,6 +304,17 @@ pub enum Step {
         /// revisions (1: atomically); the step waits for it to catch up before and after.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target_revisions: Option<i64>,
+    },
+    /// Extension: `etcdctl check perf` against the source, with the source version's etcdctl:
+    /// etcd's own load check, as a user would run it (`load = "l"`: 500 clients writing for
+    /// 60 s, then one revision deleting everything it wrote). Its pass/fail verdict is about
+    /// the source on this machine, not the agent: the step reports it and never fails on it.
+    CheckPerf {
+        /// Workload model: s, m, l or xl (default s).
+        #[serde(default = "load_s")]
+        load: String,
+        /// Its keys' sub-prefix under `source.prefix`.
+        prefix: String,
     },
     /// `ops` puts in one source Txn.
     Txn {
@@ -548,6 +562,7 @@ impl Step {
             Step::Del { .. } => "del",
             Step::Txn { .. } => "txn",
             Step::Revoke { .. } => "revoke",
+            Step::CheckPerf { .. } => "check_perf",
             Step::StartAgent { .. } => "start_agent",
             Step::StopAgent { .. } => "stop_agent",
             Step::ReloadAgent { .. } => "reload_agent",
@@ -705,6 +720,9 @@ fn check_step(step: &Step) -> anyhow::Result<()> {
         }
         Step::Del { side: SideName::Target, target_revisions: Some(_), .. } => {
             bail!("del: target_revisions is for a source write")
+        }
+        Step::CheckPerf { load, .. } if !["s", "m", "l", "xl"].contains(&load.as_str()) => {
+            bail!("load: {load:?} (s, m, l or xl)")
         }
         Step::Load { lease: None, lease_every: Some(_), .. } => bail!("load: lease_every needs a lease"),
         Step::Load { lease_every: Some(0), .. } => bail!("load: lease_every must be > 0"),

@@ -382,6 +382,10 @@ impl<'a> Run<'a> {
                 let mut client = self.cluster(*side).client().await?;
                 compact(&mut client, revision).await
             }
+            Step::CheckPerf { load, prefix } => {
+                let prefix = format!("{}{prefix}", self.scenario.source_prefix());
+                check_perf(&self.source, load, &prefix).await
+            }
             Step::Snapshot { side, name } => {
                 let bytes = self.cluster(*side).save_snapshot(name).await?;
                 Ok(format!("{bytes} bytes"))
@@ -933,6 +937,29 @@ async fn write_step(
         }
         other => bail!("{} does not write the source", other.kind()),
     }
+}
+
+/// Runs `etcdctl check perf` against `source` and returns its verdict lines.
+async fn check_perf(source: &EtcdCluster, load: &str, prefix: &str) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new(source.spec().version.etcdctl())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", source.endpoints().join(",")))
+        .args(["check", "perf", &format!("--load={load}"), &format!("--prefix={prefix}")])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running etcdctl check perf")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let verdict: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("PASS") || l.starts_with("FAIL")).collect();
+    anyhow::ensure!(
+        !verdict.is_empty(),
+        "etcdctl check perf gave no verdict ({}): {}{}",
+        out.status,
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(verdict.join("; "))
 }
 
 /// Checks G3 every 300 ms while enabled, counting holds, unreadable sides and violations.

@@ -275,6 +275,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         agent_exit: None,
         sole_writer_after: None,
         target_has: Vec::new(),
+        target_lacks: Vec::new(),
         min_scan_restarts: None,
         max_scan_restarts: None,
         max_peak_rss_mib: None,

@@ -528,6 +528,9 @@ pub enum Step {
         /// that were there before the link and that no prune of it may delete.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         target_has: Vec<String>,
+        /// Extension: these keys (relative to `target.prefix`) do not exist in the target.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        target_lacks: Vec<String>,
         /// Extension: the agent's `lag_revisions` is at most this and `ReplicationLagExceeded` is
         /// not True; with `during`, at every status read (every 500 ms) for that long.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -945,6 +948,7 @@ forced_resyncs = 0
                 agent_exit: None,
                 sole_writer_after: Some("b".into()),
                 target_has: vec!["before-the-link".into()],
+                target_lacks: vec!["deleted".into()],
                 min_scan_restarts: Some(1),
                 max_scan_restarts: Some(3),
                 max_peak_rss_mib: Some(96),

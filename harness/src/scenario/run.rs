@@ -632,6 +632,7 @@ impl<'a> Run<'a> {
             agent_exit,
             sole_writer_after,
             target_has,
+            target_lacks,
             min_scan_restarts,
             max_scan_restarts,
             max_peak_rss_mib,
@@ -730,6 +731,16 @@ impl<'a> Run<'a> {
                 let full = format!("{prefix}{key}");
                 if dst.get(full.as_bytes(), None).await?.kvs().is_empty() {
                     bail!("expected {full:?} in the target, it is gone");
+                }
+            }
+        }
+        if !target_lacks.is_empty() {
+            let prefix = self.scenario.target_prefix().to_owned();
+            let mut dst = self.target.client().await?;
+            for key in target_lacks {
+                let full = format!("{prefix}{key}");
+                if !dst.get(full.as_bytes(), None).await?.kvs().is_empty() {
+                    bail!("expected {full:?} gone from the target, it is there");
                 }
             }
         }

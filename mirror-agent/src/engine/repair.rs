@@ -19,18 +19,7 @@ impl Run<'_> {
     ///   `NestedLink` failure. Every key that came from the source through this link was written
     ///   after the checkpoint was created, so no stale key of ours survives.
     pub(super) async fn sweep(&mut self, r0: i64) -> Result<(), EngineError> {
-        let (ours_after, theirs) = if self.prunes_everything() {
-            self.refuse_foreign_links().await?;
-            (0, Vec::new())
-        } else {
-            let theirs = mirror_reconcile::foreign_dest_prefixes(
-                self.target_kv.clone(),
-                &self.engine.rewriter,
-                self.page_options("foreign link check").keys_only(),
-            )
-            .await?;
-            (self.writer().create_revision(), theirs)
-        };
+        let scope = self.orphan_scope(true).await?;
         let mut chunker = self.chunker();
         let mut sweep = mirror_reconcile::Sweep::new(
             self.engine.rewriter.clone(),
@@ -51,9 +40,7 @@ impl Run<'_> {
             let orphan = sweep.next_orphan().await?;
             let done = orphan.is_none();
             let full = match orphan {
-                Some((key, mod_revision))
-                    if mod_revision > ours_after && !theirs.iter().any(|p| key.starts_with(p)) =>
-                {
+                Some((key, mod_revision)) if scope.deletes(&key, mod_revision) => {
                     chunker.push(Op::Delete { key })
                 }
                 Some(_) => None,
@@ -79,6 +66,25 @@ impl Run<'_> {
     /// only those this link wrote (see [`Run::sweep`]).
     pub(super) fn prunes_everything(&self) -> bool {
         self.cfg().initial_sync.mode == mirror_core::InitialSyncMode::OverwriteAndPrune
+    }
+
+    /// The orphans a repair may delete, one rule for the prune sweep and the settle pass (the
+    /// settle pass once deleted every orphan while a prune was owed, in `overwrite` mode too,
+    /// which took keys from before the link). With `prune` owed in `overwrite_and_prune` mode:
+    /// every orphan, after refusing a nested link. Otherwise: orphans this link wrote, never a
+    /// nested link's (see [`Run::sweep`]).
+    pub(super) async fn orphan_scope(&mut self, prune: bool) -> Result<OrphanScope, EngineError> {
+        if prune && self.prunes_everything() {
+            self.refuse_foreign_links().await?;
+            return Ok(OrphanScope { everything: true, ours_after: 0, theirs: Vec::new() });
+        }
+        let theirs = mirror_reconcile::foreign_dest_prefixes(
+            self.target_kv.clone(),
+            &self.engine.rewriter,
+            self.page_options("foreign link check").keys_only(),
+        )
+        .await?;
+        Ok(OrphanScope { everything: false, ours_after: self.writer().create_revision(), theirs })
     }
 
     /// Refuses to prune or delete orphans while another link's reserved namespace lies inside
@@ -278,5 +284,43 @@ impl Run<'_> {
             );
         });
         Ok(())
+    }
+}
+
+/// Which target orphans (keys the source does not have) a repair deletes: see
+/// [`Run::orphan_scope`].
+#[derive(Debug)]
+pub(super) struct OrphanScope {
+    /// Every orphan (`overwrite_and_prune` with a prune owed; no nested link was found).
+    everything: bool,
+    /// Otherwise only keys written after this target revision (the checkpoint's creation)...
+    ours_after: i64,
+    /// ... and not under another link's destination prefix.
+    theirs: Vec<Vec<u8>>,
+}
+
+impl OrphanScope {
+    /// Whether the orphan `key`, last written at target `mod_revision`, is deleted.
+    pub(super) fn deletes(&self, key: &[u8], mod_revision: i64) -> bool {
+        self.everything || (mod_revision > self.ours_after && !self.theirs.iter().any(|p| key.starts_with(p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OrphanScope;
+
+    /// Outside a full prune only this link's writes go, and never a nested link's keys, however
+    /// recent; a full prune takes every orphan.
+    #[test]
+    fn orphan_scope_deletes_only_what_the_mode_allows() {
+        let ours =
+            OrphanScope { everything: false, ours_after: 100, theirs: vec![b"/copy/nested/".to_vec()] };
+        assert!(!ours.deletes(b"/copy/before-the-link", 40), "a key from before the link stays");
+        assert!(!ours.deletes(b"/copy/x", 100), "the checkpoint's own revision is not after it");
+        assert!(ours.deletes(b"/copy/x", 101));
+        assert!(!ours.deletes(b"/copy/nested/k", 500), "a nested link's key is never ours");
+        let all = OrphanScope { everything: true, ours_after: 0, theirs: Vec::new() };
+        assert!(all.deletes(b"/copy/before-the-link", 40));
     }
 }

@@ -16,16 +16,10 @@ impl Run<'_> {
         scan_end: &mut Option<i64>,
     ) -> Result<(), EngineError> {
         let genesis = scan_end.is_some();
+        // The sweep's rule (issue #20 defect 2); keys of a nested link are never ours to delete
+        // (issue #19: a settle pass deleted a nested link's keys).
         let prune = self.writer().record().prune_pending;
-        let ours_after = self.writer().create_revision();
-        // Keys of a nested link were written after our checkpoint was created too: they are
-        // never ours to delete (issue #19: a settle pass deleted a nested link's keys).
-        let theirs = mirror_reconcile::foreign_dest_prefixes(
-            self.target_kv.clone(),
-            &self.engine.rewriter,
-            self.page_options("foreign link check").keys_only(),
-        )
-        .await?;
+        let scope = self.orphan_scope(prune).await?;
         let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
         info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
         let page = self.page_options("settle page").at_revision(end);
@@ -60,13 +54,8 @@ impl Run<'_> {
                 mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e) => {
                     Op::Put { key: e.key, value: e.value }
                 }
-                mirror_reconcile::Difference::Orphan { key, .. }
-                    if theirs.iter().any(|p| key.starts_with(p)) =>
-                {
-                    continue
-                }
                 mirror_reconcile::Difference::Orphan { key, mod_revision }
-                    if prune || mod_revision > ours_after =>
+                    if scope.deletes(&key, mod_revision) =>
                 {
                     Op::Delete { key }
                 }

@@ -493,6 +493,15 @@ impl AgentProcess {
         Some(kib * 1024)
     }
 
+    /// Peak resident memory since the last call (VmHWM, which the agent's own `peak_rss_bytes`
+    /// reports too), then starts a new peak from the current RSS (Linux resets VmHWM when "5"
+    /// is written to `/proc/PID/clear_refs`): a bench reads one peak per case.
+    pub fn take_peak_rss_bytes(&self) -> Option<u64> {
+        let peak = self.peak_rss_bytes()?;
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()?), "5").ok()?;
+        Some(peak)
+    }
+
     /// Whether the agent is still running.
     pub fn is_running(&mut self) -> bool {
         match &mut self.running {

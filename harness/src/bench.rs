@@ -14,7 +14,8 @@
 //! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
 //!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
-//! - the agent's peak RSS.
+//! - the agent's peak RSS in each case (initial sync, each tail rate, reconcile pass; its
+//!   VmHWM, reset between cases).
 //!
 //! `--plot FILE.svg` draws the lag distributions and the throughput bars ([`crate::plot`]).
 
@@ -27,6 +28,7 @@ use anyhow::Context as _;
 use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
 use tokio::time::Instant;
 
+pub use crate::figures::{quantile, Figures, TailFigures};
 use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 
 /// Puts per flat Txn: etcd's default `--max-txn-ops` and the agent's default Txn size.
@@ -59,50 +61,6 @@ pub struct BenchPlan {
     pub sync_only: bool,
     /// etcd version of every cluster of the run.
     pub version: EtcdVersion,
-}
-
-/// What one run measured; [`crate::plot::draw`] draws it.
-#[derive(Clone, Debug, Default)]
-pub struct Figures {
-    /// Keys and value size of the run.
-    pub keys: usize,
-    /// Value size in bytes.
-    pub value_size: usize,
-    /// Flat 128-op Txn write ceiling, keys/s (the baseline).
-    pub ceiling: f64,
-    /// (inner Txns per Txn, keys/s) of the nested ceilings.
-    pub nested: Vec<(usize, f64)>,
-    /// Naive copier, keys/s.
-    pub copier: f64,
-    /// Agent initial sync, keys/s.
-    pub agent_sync: f64,
-    /// make-mirror initial sync, keys/s, when etcdctl is present.
-    pub make_mirror_sync: Option<f64>,
-    /// Tail lags per offered rate.
-    pub tails: Vec<TailFigures>,
-    /// Reconcile pass, keys/s.
-    pub reconcile: f64,
-    /// Agent peak RSS in bytes.
-    pub peak_rss: Option<u64>,
-}
-
-/// Lags at one offered rate, sorted ascending.
-#[derive(Clone, Debug, Default)]
-pub struct TailFigures {
-    /// Offered writes/s.
-    pub rate: u32,
-    /// Agent: put acknowledged in the source → visible in the target.
-    pub agent: Vec<Duration>,
-    /// make-mirror, measured the same way on its own pair.
-    pub make_mirror: Option<Vec<Duration>>,
-}
-
-/// The `q` quantile of sorted `lags`.
-pub fn quantile(lags: &[Duration], q: f64) -> Duration {
-    if lags.is_empty() {
-        return Duration::ZERO;
-    }
-    lags[((lags.len() as f64 * q) as usize).min(lags.len() - 1)]
 }
 
 fn ms(d: Duration) -> f64 {
@@ -160,14 +118,8 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         f.agent_sync / f.copier
     );
 
+    peak_rss(&agent, "initial sync", &mut f);
     if plan.sync_only {
-        f.peak_rss = agent.peak_rss_bytes();
-        if let Some(b) = f.peak_rss {
-            println!(
-                "agent peak RSS:                                      {:>10.1} MiB",
-                b as f64 / (1 << 20) as f64
-            );
-        }
         return Ok(f);
     }
 
@@ -206,6 +158,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         let mm_text =
             mm_lags.as_ref().map_or_else(String::new, |l| format!("   make-mirror {}", l.summary()));
         println!("tail lag at {rate:>5} writes/s, open loop: agent {}{mm_text}", agent_lags.summary());
+        peak_rss(&agent, &format!("tail at {rate} writes/s"), &mut f);
         f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
     }
     drop(make_mirror);
@@ -222,19 +175,24 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         f.reconcile,
         f.reconcile / f.ceiling
     );
-    f.peak_rss = agent.peak_rss_bytes();
-    match f.peak_rss {
-        Some(b) => println!(
-            "agent peak RSS:                                      {:>10.1} MiB",
-            b as f64 / (1 << 20) as f64
-        ),
-        None => println!("agent peak RSS: unavailable"),
-    }
+    peak_rss(&agent, "reconcile pass", &mut f);
     if let Some(path) = &plan.plot {
         crate::plot::draw(&f, path)?;
         println!("plot: {}", path.display());
     }
     Ok(f)
+}
+
+/// Prints and records the agent's peak RSS over the case that just ended, and starts the next
+/// case's peak from the RSS it has now.
+fn peak_rss(agent: &AgentProcess, case: &str, f: &mut Figures) {
+    match agent.take_peak_rss_bytes() {
+        Some(b) => {
+            println!("agent peak RSS, {case:<30}       {:>10.1} MiB", b as f64 / (1 << 20) as f64);
+            f.peak_rss.push((case.to_owned(), b));
+        }
+        None => println!("agent peak RSS, {case}: unavailable (no /proc for the agent)"),
+    }
 }
 
 /// Runs `measure` against a fresh single-member target, then removes it.

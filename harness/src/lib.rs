@@ -30,6 +30,7 @@ mod check;
 mod container;
 pub mod demo;
 mod etcd;
+pub mod figures;
 mod load;
 pub mod pki;
 mod plan;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
-use crate::bench::Figures;
+use crate::figures::Figures;
 
 /// Draws `f` into an SVG file at `path`.
 pub fn draw(f: &Figures, path: &Path) -> anyhow::Result<()> {
@@ -140,7 +140,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::TailFigures;
+    use crate::figures::TailFigures;
 
     /// A run's figures make an SVG with both panels and every label, and the CDF ends at 1.
     #[test]
@@ -156,7 +156,7 @@ mod tests {
             make_mirror_sync: Some(2_000.0),
             tails: vec![TailFigures { rate: 500, agent: lags.clone(), make_mirror: Some(lags.clone()) }],
             reconcile: 70_000.0,
-            peak_rss: Some(12 << 20),
+            peak_rss: vec![("initial sync".into(), 12 << 20)],
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bench.svg");

@@ -32,7 +32,7 @@ mod observer;
 mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
-pub use nest::{nest, plan, Slot, TooManyOps};
+pub use nest::{nest, plan, Slot, TooManyOps, NESTED_TXNS};
 pub use observer::FenceObserver;
 pub use writer::{
     may_claim, read_checkpoint, read_checkpoint_since, DataWriter, FenceError, FencedWriter, Observed,

@@ -13,7 +13,7 @@ impl Run<'_> {
         let sync = &self.cfg().sync;
         // Merged batches may hold several nested Txns' worth of ops (the writer lays them out).
         let mut batcher = RevisionBatcher::new(
-            sync.max_txn_ops as usize * NESTED_PER_BATCH,
+            sync.max_txn_ops as usize * mirror_fence::NESTED_TXNS,
             sync.txn_flush_bytes.bytes() as usize,
         );
         for rev in revisions {
@@ -487,7 +487,7 @@ impl Run<'_> {
             {
                 // Retrying on this client cannot pick up new TLS files: only a reconnect
                 // reads them. The batch is not lost: nothing past the watermark landed.
-                return Err(EngineError::Reconnect("TlsRejectedOrFilesChanged"));
+                return Err(EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged));
             }
             let Action::RetryAfter(delay) = policy.on_error(class) else { return Err(err.into()) };
             self.engine.update(|s| {
@@ -565,10 +565,6 @@ mod failpoint {
         None
     }
 }
-
-/// Nested Txns' worth of ops a merged batch of whole revisions may carry: 8 x 128 = 1 024 ops
-/// fit two levels at etcd's default limit, and write faster per key than flat 128-op Txns.
-const NESTED_PER_BATCH: usize = 8;
 
 /// Whether an applied batch ends a resync loop: only a live tail apply with data does. Replays
 /// inside a genesis are part of the loop (a resync that replays and then resyncs again is still

@@ -41,12 +41,12 @@ impl Run<'_> {
                 self.watch = Some(watch);
                 self.apply_revisions(revisions, scan_end).await
             }
-            Err(EngineError::RestartGenesis("WatchBufferOverflow")) => {
+            Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
                 warn!("the watch buffer filled during the reconcile pass; re-watching from the watermark");
                 Ok(())
             }
-            Err(EngineError::RestartGenesis("CompactedDuringScan")) => {
-                Err(EngineError::Resync("WatchCompacted"))
+            Err(EngineError::RestartGenesis(Restart::CompactedDuringScan)) => {
+                Err(EngineError::Resync(ResyncCause::WatchCompacted))
             }
             Err(e) => Err(e),
         }
@@ -81,7 +81,7 @@ impl Run<'_> {
         let b = self.buffering.take().expect("buffering started");
         b.stop.cancel();
         let (stream, fragments, forwarded) =
-            b.task.await.map_err(|_| EngineError::RestartGenesis("ForwarderPanicked"))?;
+            b.task.await.map_err(|_| EngineError::RestartGenesis(Restart::ForwarderPanicked))?;
         forwarded?;
         let revisions = b.buffer.lock().await.drain();
         Ok((Watch { sender: b.sender, stream, fragments }, revisions))
@@ -106,7 +106,9 @@ pub(super) async fn forward(
         };
         let resp = match msg {
             Ok(Some(r)) => r,
-            Ok(None) => return (stream, fragments, Err(EngineError::RestartGenesis("WatchEndedDuringScan"))),
+            Ok(None) => {
+                return (stream, fragments, Err(EngineError::RestartGenesis(Restart::WatchEndedDuringScan)))
+            }
             Err(e) => return (stream, fragments, Err(watch_error(e))),
         };
         if resp.canceled() || resp.compact_revision() > 0 {
@@ -114,7 +116,7 @@ pub(super) async fn forward(
             // any other cancel is an error of its class (a reconnect resumes the scan).
             let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
             let err = match fault.class() {
-                ErrorClass::Resync => EngineError::RestartGenesis("CompactedDuringScan"),
+                ErrorClass::Resync => EngineError::RestartGenesis(Restart::CompactedDuringScan),
                 _ => EngineError::Etcd(EtcdError::new(
                     "watch",
                     Side::Source,
@@ -142,10 +144,7 @@ pub(super) async fn forward(
 pub(super) fn watch_error(e: etcd_client::Error) -> EngineError {
     let e = EtcdError::new("watch", Side::Source, e);
     if e.fault == Fault::ResponseTooLarge {
-        return EngineError::Reconnect(WATCH_RESPONSE_TOO_LARGE);
+        return EngineError::Reconnect(ReconnectCause::WatchResponseTooLarge);
     }
     e.into()
 }
-
-/// The reconnect reason of [`watch_error`].
-pub(super) const WATCH_RESPONSE_TOO_LARGE: &str = "WatchResponseTooLarge";

@@ -9,7 +9,7 @@ impl Run<'_> {
         let watch = match self.open_watch(r0 + 1).await {
             Ok(w) => w,
             Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
-                return Err(EngineError::Resync("CompactedDuringScan"))
+                return Err(EngineError::Resync(ResyncCause::CompactedDuringScan))
             }
             Err(e) => return Err(e),
         };
@@ -150,12 +150,12 @@ impl Run<'_> {
     }
 }
 
-/// Puts in one scan Txn: [`SCAN_NESTED_TXNS`] nested Txns, each as full as etcd allows under
+/// Puts in one scan Txn: [`mirror_fence::NESTED_TXNS`] nested Txns, each as full as etcd allows under
 /// a parent holding that many ops (`max_txn_ops - n`), less one top-level slot for the
 /// checkpoint put of a cycle's last Txn; never fewer than a flat Txn holds.
 pub(super) fn scan_chunk_ops(max_txn_ops: i64) -> usize {
     let limit = max_txn_ops.max(2) as usize;
-    let nested = SCAN_NESTED_TXNS.min(limit / 2);
+    let nested = mirror_fence::NESTED_TXNS.min(limit / 2);
     (nested * (limit - nested - 1)).max(limit - 1)
 }
 

@@ -122,8 +122,6 @@ const SCAN_CYCLE_TXNS: usize = 16;
 /// Bytes that end a scan cycle early (large values): bounds the cycle in memory, and the one
 /// read ahead of it.
 const SCAN_CYCLE_BYTES: usize = 8 << 20;
-/// Nested Txns per scan Txn ([`genesis::scan_chunk_ops`]).
-const SCAN_NESTED_TXNS: usize = 8;
 
 /// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
 const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
@@ -152,13 +150,13 @@ pub enum EngineError {
     Refused(#[from] Refusal),
     /// Genesis must start over (buffer overflow, compacted watch mid-scan).
     #[error("genesis restart: {0}")]
-    RestartGenesis(&'static str),
+    RestartGenesis(Restart),
     /// History is gone: forced resync with prune.
     #[error("forced resync: {0}")]
-    Resync(&'static str),
+    Resync(ResyncCause),
     /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
     #[error("reconnect: {0}")]
-    Reconnect(&'static str),
+    Reconnect(ReconnectCause),
     /// SIGTERM/SIGINT arrived inside a long phase (scan, sweep, reconcile pass, retry wait):
     /// stop now; a restart resumes from the checkpoint.
     #[error("shutting down")]
@@ -181,9 +179,9 @@ impl EngineError {
             EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),
             EngineError::Fence(f) => f.reason().to_owned(),
             EngineError::Refused(r) => r.reason().to_owned(),
-            EngineError::RestartGenesis(r) | EngineError::Resync(r) | EngineError::Reconnect(r) => {
-                (*r).to_owned()
-            }
+            EngineError::RestartGenesis(r) => r.as_str().to_owned(),
+            EngineError::Resync(r) => r.as_str().to_owned(),
+            EngineError::Reconnect(r) => r.as_str().to_owned(),
             EngineError::Shutdown => "Shutdown".to_owned(),
         }
     }
@@ -191,7 +189,71 @@ impl EngineError {
 
 impl From<mirror_watch::Overflow> for EngineError {
     fn from(_: mirror_watch::Overflow) -> Self {
-        EngineError::RestartGenesis("WatchBufferOverflow")
+        EngineError::RestartGenesis(Restart::WatchBufferOverflow)
+    }
+}
+
+/// An enum of causes whose names are the reasons status, metrics and logs show.
+macro_rules! causes {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vm])* $v,)*
+        }
+
+        impl $name {
+            /// The reason as status and logs show it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$v => stringify!($v),)*
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+causes! {
+    /// Why genesis starts over from a fresh scan (not a forced resync: no prune is owed).
+    Restart {
+        /// The replay buffer passed `watch_buffer_bytes`.
+        WatchBufferOverflow,
+        /// The source compacted past the scan revision while the scan read it.
+        CompactedDuringScan,
+        /// The watch ended while it was buffered.
+        WatchEndedDuringScan,
+        /// The task buffering the watch panicked.
+        ForwarderPanicked,
+    }
+}
+
+causes! {
+    /// Why history is gone: a forced resync with prune.
+    ResyncCause {
+        /// The watch could not be opened at the scan revision: compacted.
+        CompactedDuringScan,
+        /// The tail's watch was cancelled by a compaction past the watermark.
+        WatchCompacted,
+    }
+}
+
+causes! {
+    /// Why both sides are connected again at once.
+    ReconnectCause {
+        /// A watch response was over the client's decode limit: watch in fragments from now on.
+        WatchResponseTooLarge,
+        /// The target refused the TLS handshake, or the files changed.
+        TlsRejectedOrFilesChanged,
+        /// A reload changed endpoints or credentials.
+        ConnectionSettingsReloaded,
+        /// The TLS files on disk changed.
+        TlsFilesChanged,
     }
 }
 

@@ -44,13 +44,13 @@ impl Engine {
             let err = match result {
                 Ok(()) | Err(EngineError::Shutdown) => return LinkEnd::Stopped,
                 Err(EngineError::Reconnect(why)) => {
-                    if why == super::buffering::WATCH_RESPONSE_TOO_LARGE {
+                    if why == ReconnectCause::WatchResponseTooLarge {
                         warn!(
                             "a watch response was over the decode limit; watching in fragments from now on"
                         );
                         self.fragment_watch = true;
                     }
-                    info!(why, "reconnecting both sides with the current settings and files");
+                    info!(why = why.as_str(), "reconnecting both sides with the current settings and files");
                     // Immediate once; a reconnect that asks for another within seconds (a
                     // server that takes the handshake but then refuses) waits the initial backoff.
                     if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
@@ -92,11 +92,11 @@ impl Engine {
                     return LinkEnd::Stopped;
                 }
                 EngineError::RestartGenesis(reason) => {
-                    self.note_resync(reason, false);
+                    self.note_resync(reason.as_str(), false);
                     pending = Pending::FreshGenesis;
                 }
                 EngineError::Resync(reason) => {
-                    self.note_resync(reason, true);
+                    self.note_resync(reason.as_str(), true);
                     pending = Pending::FreshGenesis;
                 }
                 EngineError::Etcd(_) if class == ErrorClass::Resync => {

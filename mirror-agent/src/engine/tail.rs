@@ -56,7 +56,7 @@ impl Run<'_> {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
                     if self.engine.adopt_reload() {
-                        return Err(EngineError::Reconnect("ConnectionSettingsReloaded"));
+                        return Err(EngineError::Reconnect(ReconnectCause::ConnectionSettingsReloaded));
                     }
                     let interval = self.cfg().reconcile.interval.get();
                     next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
@@ -64,7 +64,7 @@ impl Run<'_> {
                 }
                 _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
                     if tls_fingerprint(self.cfg()) != self.tls_files {
-                        return Err(EngineError::Reconnect("TlsFilesChanged"));
+                        return Err(EngineError::Reconnect(ReconnectCause::TlsFilesChanged));
                     }
                     continue;
                 }
@@ -223,7 +223,7 @@ impl Run<'_> {
         if resp.canceled() || resp.compact_revision() > 0 {
             let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
             return Err(match fault.class() {
-                ErrorClass::Resync => EngineError::Resync("WatchCompacted"),
+                ErrorClass::Resync => EngineError::Resync(ResyncCause::WatchCompacted),
                 _ => EngineError::Etcd(EtcdError::new(
                     "watch",
                     Side::Source,

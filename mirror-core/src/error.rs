@@ -77,6 +77,9 @@ pub enum Fault {
     InvalidToken,
     /// The server has no leader or lost it mid-request.
     NoLeader,
+    /// An election (etcd's v3election API) has no leader: nobody campaigns. An answer, not a
+    /// failure; only the election reader asks.
+    ElectionNoLeader,
     /// The server or network is unreachable, or the connection broke.
     Unavailable,
     /// A deadline passed or the client cancelled.
@@ -105,9 +108,12 @@ impl Fault {
             // server already on new certificates); the engine refuses them as permanent when
             // they happen before the first successful connect, where they mean a wrong config.
             Fault::TlsConfig | Fault::TlsRejected => ErrorClass::Transient,
-            Fault::InvalidToken | Fault::NoLeader | Fault::Unavailable | Fault::Timeout | Fault::Other => {
-                ErrorClass::Transient
-            }
+            Fault::InvalidToken
+            | Fault::NoLeader
+            | Fault::ElectionNoLeader
+            | Fault::Unavailable
+            | Fault::Timeout
+            | Fault::Other => ErrorClass::Transient,
         }
     }
 
@@ -140,6 +146,11 @@ impl Fault {
     /// conditions.
     pub fn of_status(code: Code, message: &str) -> Fault {
         let has = |s: &str| message.contains(s);
+        // etcd's concurrency.ErrElectionNoLeader, passed through under whatever code the
+        // server's gRPC layer gives an error it does not map.
+        if has("election: no leader") {
+            return Fault::ElectionNoLeader;
+        }
         match code {
             Code::OutOfRange if has("compacted") => Fault::Compacted,
             Code::OutOfRange if has("future revision") => Fault::FutureRevision,
@@ -241,5 +252,13 @@ mod tests {
         for (code, msg, class) in cases {
             assert_eq!(Fault::of_status(code, msg).class(), class, "{code:?} {msg}");
         }
+    }
+
+    /// An election nobody leads is its own fault, whatever the code; a cluster without a raft
+    /// leader is not that.
+    #[test]
+    fn an_election_without_leader_is_told_from_a_cluster_without_one() {
+        assert_eq!(Fault::of_status(Code::Unknown, "election: no leader"), Fault::ElectionNoLeader);
+        assert_eq!(Fault::of_status(Code::Unavailable, "etcdserver: no leader"), Fault::NoLeader);
     }
 }

@@ -175,7 +175,7 @@ pub async fn leader(client: &Client, name: &[u8], timeout: Duration) -> Result<O
     match tokio::time::timeout(timeout, election.leader(name.to_vec())).await {
         Ok(Ok(resp)) => Ok(resp.kv().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())),
         // etcd answers "election: no leader" as an error.
-        Ok(Err(e)) if e.to_string().contains("no leader") => Ok(None),
+        Ok(Err(e)) if mirror_core::Fault::of(&e) == mirror_core::Fault::ElectionNoLeader => Ok(None),
         Ok(Err(e)) => Err(EtcdError::new("election leader", Side::Target, e)),
         Err(_) => Err(unavailable("election leader", "no answer in time")),
     }

@@ -108,7 +108,11 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     let mut agent = AgentProcess::start(&cfg).await?;
     wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
     f.agent_sync = plan.keys as f64 / started.elapsed().as_secs_f64();
-    agent.wait_for("initial sync", Duration::from_secs(600), |s| s.condition("InitialSyncComplete")).await?;
+    agent
+        .wait_for("initial sync", Duration::from_secs(600), |s| {
+            s.condition(mirror_core::ConditionType::InitialSyncComplete)
+        })
+        .await?;
     let equal = crate::scenario::g3_of(&source, &target, &cfg).await?;
     anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the initial sync: {equal:?}");
     println!(

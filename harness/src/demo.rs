@@ -199,7 +199,7 @@ async fn initial_sync(agent: &AgentProcess, stop: &CancellationToken, tty: bool)
                 s.phase.as_str()
             );
         }
-        if s.phase == Phase::Syncing && s.condition("InitialSyncComplete") {
+        if s.phase == Phase::Syncing && s.condition(mirror_core::ConditionType::InitialSyncComplete) {
             bar.finish_and_clear();
             let secs = started.elapsed().as_secs_f64();
             println!(

@@ -146,7 +146,7 @@ async fn a_standby_whose_connect_fails_still_takes_over() {
         })
         .await
         .unwrap();
-    assert!(!status.condition("Fenced"));
+    assert!(!status.condition(mirror_core::ConditionType::Fenced));
     src.put("/sb/after", "1", None).await.unwrap();
     scenario::caught_up(&agent, &mut src).await.unwrap();
 }

@@ -90,7 +90,9 @@ async fn last_error_clears_after_an_outage_heals() {
     proxies.heal();
     caught_up(&agent, &mut src).await.unwrap();
     let status = agent
-        .wait_for("last_error cleared", SYNC_TIMEOUT, |s| s.last_error.is_none() && s.condition("Available"))
+        .wait_for("last_error cleared", SYNC_TIMEOUT, |s| {
+            s.last_error.is_none() && s.condition(mirror_core::ConditionType::Available)
+        })
         .await
         .unwrap();
     assert_eq!(status.phase, mirror_core::Phase::Syncing);

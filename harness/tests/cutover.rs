@@ -33,7 +33,9 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     let cfg = scenario::fast_config(&source, &target, "cut", "/cut/");
     let mut daemon = AgentProcess::start(&cfg).await.unwrap();
     daemon
-        .wait_for("synced", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing && s.condition("InitialSyncComplete"))
+        .wait_for("synced", SYNC_TIMEOUT, |s| {
+            s.phase == Phase::Syncing && s.condition(mirror_core::ConditionType::InitialSyncComplete)
+        })
         .await
         .unwrap();
 
@@ -62,7 +64,7 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     assert_eq!(record.epoch, 2, "cutover claims the stored epoch + 1");
 
     let status = daemon.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
-    assert!(status.condition("Fenced"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::Fenced), "{status:#?}");
 
     // The same daemon restarted in sync mode with the old view writes nothing.
     daemon.terminate().await.unwrap();
@@ -84,7 +86,7 @@ async fn drain_mode_daemon_reports_cutover() {
     let cfg = scenario::fast_config(&source, &target, "drain", "/dr/").top("mode = \"drain\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent.wait_for("drained", SYNC_TIMEOUT, |s| s.phase == Phase::Drained).await.unwrap();
-    assert!(status.condition("CutoverReady"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::CutoverReady), "{status:#?}");
     assert_eq!(status.role, "primary");
     let block = status.cutover.expect("cutover block");
     assert_eq!((block.source_keys, block.target_keys), (800, 800));
@@ -104,7 +106,10 @@ async fn cutover_with_moving_source_exits_non_zero() {
     load_keys(&mut src, "/mv/", 300, 16).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "moving", "/mv/");
     let mut daemon = AgentProcess::start(&cfg).await.unwrap();
-    daemon.wait_for("synced", SYNC_TIMEOUT, |s| s.condition("InitialSyncComplete")).await.unwrap();
+    daemon
+        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
+        .await
+        .unwrap();
     daemon.terminate().await.unwrap();
     let writer = {
         let mut c = src.clone();
@@ -132,7 +137,10 @@ async fn cutover_sees_deletes_after_the_drain() {
     load_keys(&mut src, "/dl/", 600, 16).await.unwrap();
     let cfg = scenario::fast_config(&source, &target, "deletes", "/dl/");
     let mut daemon = AgentProcess::start(&cfg).await.unwrap();
-    daemon.wait_for("synced", SYNC_TIMEOUT, |s| s.condition("InitialSyncComplete")).await.unwrap();
+    daemon
+        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
+        .await
+        .unwrap();
     daemon.terminate().await.unwrap();
     let deleter = {
         let mut c = src.clone();

@@ -177,7 +177,7 @@ async fn require_empty_refuses_a_non_empty_target() {
     let cfg = pair.config("empty", "/e/");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
-    assert!(status.condition("EmptyTargetViolation"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::EmptyTargetViolation), "{status:#?}");
     assert_eq!(agent.http_code("/readyz").await.unwrap(), 503);
     assert_eq!(agent.http_code("/healthz").await.unwrap(), 200);
     let after =
@@ -285,7 +285,7 @@ async fn fence_overlap_rejects_stale_writer() {
     synced(&new).await;
     src.put("/f/after-takeover", "1", None).await.unwrap();
     let status = old.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
-    assert!(status.condition("Fenced"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::Fenced), "{status:#?}");
     assert_eq!(old.http_code("/readyz").await.unwrap(), 200, "standby is ready");
     caught_up(&new, &mut src).await;
 
@@ -414,13 +414,17 @@ async fn quota_exhaustion_parks_and_recovers() {
     for i in 0..400 {
         src.put(format!("/q/{i:03}"), value.clone(), None).await.unwrap();
         written += 1;
-        if i % 10 == 9 && agent.status().await.unwrap().condition("TargetQuotaExhausted") {
+        if i % 10 == 9
+            && agent.status().await.unwrap().condition(mirror_core::ConditionType::TargetQuotaExhausted)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let status = agent
-        .wait_for("TargetQuotaExhausted", SYNC_TIMEOUT, |s| s.condition("TargetQuotaExhausted"))
+        .wait_for("TargetQuotaExhausted", SYNC_TIMEOUT, |s| {
+            s.condition(mirror_core::ConditionType::TargetQuotaExhausted)
+        })
         .await
         .unwrap();
     assert_eq!(status.phase, Phase::Degraded);
@@ -439,7 +443,7 @@ async fn quota_exhaustion_parks_and_recovers() {
     }
     caught_up(&agent, &mut src).await;
     let status = agent.status().await.unwrap();
-    assert!(!status.condition("TargetQuotaExhausted"), "{status:#?}");
+    assert!(!status.condition(mirror_core::ConditionType::TargetQuotaExhausted), "{status:#?}");
     assert_eq!(status.phase, Phase::Syncing);
     let parsed = cfg.parsed().unwrap();
     let got = check_g3(&mut src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await.unwrap();

@@ -142,7 +142,9 @@ async fn the_image_runs_as_the_manifest_runs_it() {
             Ok(r) => r.json().await.ok(),
             Err(_) => None,
         };
-        if ready == Some(200) && status.as_ref().is_some_and(|s| s.condition("InitialSyncComplete")) {
+        if ready == Some(200)
+            && status.as_ref().is_some_and(|s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
+        {
             break;
         }
         assert!(

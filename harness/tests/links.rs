@@ -30,7 +30,7 @@ async fn nested_link_is_never_pruned() {
     let err = status.last_error.clone().expect("a last error");
     assert_eq!((err.class.as_str(), err.reason.as_str()), ("permanent", "PrefixConflict"), "{err:?}");
     assert!(err.message.contains("\"link-b\""), "names the other link: {}", err.message);
-    assert!(status.condition("PrefixConflict"));
+    assert!(status.condition(mirror_core::ConditionType::PrefixConflict));
 
     let b_checkpoint = b_cfg.parsed().unwrap().checkpoint_key();
     let stored = dst.get(b_checkpoint, None).await.unwrap();
@@ -65,6 +65,6 @@ async fn reverse_link_is_refused_before_any_write() {
     let err = status.last_error.clone().expect("a last error");
     assert_eq!(err.reason, "DirectionConflict", "{err:?}");
     assert!(err.message.contains("\"ab\""), "names the other link: {}", err.message);
-    assert!(status.condition("DirectionConflict"));
+    assert!(status.condition(mirror_core::ConditionType::DirectionConflict));
     assert_eq!(scenario::current_revision(&mut xc).await.unwrap(), before, "BA wrote nothing into X");
 }

@@ -29,7 +29,7 @@ async fn member_down_before_start(#[case] version: EtcdVersion) {
     let cfg = scenario::fast_config(&source, &target, "members", "/m/");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = synced(&agent).await.unwrap();
-    assert!(status.condition("MemberUnreachable"), "{:?}", status.conditions);
+    assert!(status.condition(mirror_core::ConditionType::MemberUnreachable), "{:?}", status.conditions);
     assert_eq!(status.source.unreachable_endpoints, vec![down_src]);
     assert_eq!(status.target.unreachable_endpoints, vec![down_dst]);
     assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 3_000, .. }));
@@ -37,7 +37,9 @@ async fn member_down_before_start(#[case] version: EtcdVersion) {
     source.node(1).start().await.unwrap();
     target.node(2).start().await.unwrap();
     let status = agent
-        .wait_for("MemberUnreachable False", Duration::from_secs(60), |s| !s.condition("MemberUnreachable"))
+        .wait_for("MemberUnreachable False", Duration::from_secs(60), |s| {
+            !s.condition(mirror_core::ConditionType::MemberUnreachable)
+        })
         .await
         .unwrap();
     assert!(status.source.unreachable_endpoints.is_empty() && status.target.unreachable_endpoints.is_empty());
@@ -63,7 +65,9 @@ async fn source_leader_killed_during_initial_sync() {
     assert_eq!(status.forced_resyncs.count, 0, "a leader loss is not a resync");
     assert!(status.initial_sync.keys < 30_000 + 5_000, "the scan resumed instead of restarting");
     agent
-        .wait_for("MemberUnreachable True", Duration::from_secs(30), |s| s.condition("MemberUnreachable"))
+        .wait_for("MemberUnreachable True", Duration::from_secs(30), |s| {
+            s.condition(mirror_core::ConditionType::MemberUnreachable)
+        })
         .await
         .unwrap();
     let mut src = source.client().await.unwrap();
@@ -88,7 +92,9 @@ async fn target_leader_killed_during_live_churn() {
     let leader = target.leader_index(ELECTION).await.unwrap();
     target.node(leader).kill().await.unwrap();
     agent
-        .wait_for("MemberUnreachable True", Duration::from_secs(30), |s| s.condition("MemberUnreachable"))
+        .wait_for("MemberUnreachable True", Duration::from_secs(30), |s| {
+            s.condition(mirror_core::ConditionType::MemberUnreachable)
+        })
         .await
         .unwrap();
     churn.await.unwrap().unwrap();

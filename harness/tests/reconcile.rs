@@ -90,7 +90,9 @@ async fn compaction_while_down_forces_resync_with_prune() {
     // compaction: wait for the resync's own initial sync to complete.
     agent
         .wait_for("the forced resync completed", SYNC_TIMEOUT, |s| {
-            s.forced_resyncs.count >= 1 && s.phase == Phase::Syncing && s.condition("InitialSyncComplete")
+            s.forced_resyncs.count >= 1
+                && s.phase == Phase::Syncing
+                && s.condition(mirror_core::ConditionType::InitialSyncComplete)
         })
         .await
         .unwrap();
@@ -170,7 +172,9 @@ async fn resync_loop_latches_and_clears() {
     };
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent
-        .wait_for("ResyncLoopDetected", SYNC_TIMEOUT, |s| s.condition("ResyncLoopDetected"))
+        .wait_for("ResyncLoopDetected", SYNC_TIMEOUT, |s| {
+            s.condition(mirror_core::ConditionType::ResyncLoopDetected)
+        })
         .await
         .unwrap();
     assert!(status.scan_restarts >= 3, "{status:#?}");
@@ -178,7 +182,9 @@ async fn resync_loop_latches_and_clears() {
     synced(&agent).await;
     src.put("/l/live", "1", None).await.unwrap();
     agent
-        .wait_for("ResyncLoopDetected cleared", SYNC_TIMEOUT, |s| !s.condition("ResyncLoopDetected"))
+        .wait_for("ResyncLoopDetected cleared", SYNC_TIMEOUT, |s| {
+            !s.condition(mirror_core::ConditionType::ResyncLoopDetected)
+        })
         .await
         .unwrap();
 }
@@ -196,7 +202,12 @@ async fn periodic_pass_repairs_drift_and_honours_orphan_policy() {
             .with(&format!("[reconcile]\ninterval = \"1s\"\ndelete_orphans = {delete_orphans}"));
         let agent = AgentProcess::start(&cfg).await.unwrap();
         synced(&agent).await;
-        agent.wait_for("a clean pass", SYNC_TIMEOUT, |s| s.condition("InvariantsHeld")).await.unwrap();
+        agent
+            .wait_for("a clean pass", SYNC_TIMEOUT, |s| {
+                s.condition(mirror_core::ConditionType::InvariantsHeld)
+            })
+            .await
+            .unwrap();
 
         let mut dst = target.client().await.unwrap();
         // All three damages in one Txn, so no pass sees only part of them.
@@ -215,13 +226,18 @@ async fn periodic_pass_repairs_drift_and_honours_orphan_policy() {
         let r = status.last_reconcile.clone().unwrap();
         assert_eq!((r.missing, r.divergent, r.orphan), (1, 1, 1), "{status:#?}");
         assert_eq!(r.repaired, if delete_orphans { 3 } else { 2 });
-        assert!(status.condition("DriftDetected"));
+        assert!(status.condition(mirror_core::ConditionType::DriftDetected));
         assert_eq!(dst.get("/d/key-00000001", None).await.unwrap().kvs()[0].value(), b"vvvvvvvvvvvvvvvv");
         assert_eq!(count(&mut dst, "/d/key-00000002").await, 1);
         assert_eq!(count(&mut dst, "/d/extra").await, if delete_orphans { 0 } else { 1 });
         if delete_orphans {
             // The next pass finds nothing.
-            agent.wait_for("clean again", SYNC_TIMEOUT, |s| !s.condition("DriftDetected")).await.unwrap();
+            agent
+                .wait_for("clean again", SYNC_TIMEOUT, |s| {
+                    !s.condition(mirror_core::ConditionType::DriftDetected)
+                })
+                .await
+                .unwrap();
             assert!(matches!(g3(&source, &target, &cfg).await, G3::Holds { keys: 500, .. }));
         }
     }
@@ -265,7 +281,7 @@ async fn fence_bump_during_pass_aborts_cleanly() {
     let bump = dst.put(cp, record.encode(), None).await.unwrap().header().unwrap().revision();
 
     let status = agent.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
-    assert!(status.condition("Fenced"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::Fenced), "{status:#?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let now =
         dst.get("/", Some(GetOptions::new().with_count_only())).await.unwrap().header().unwrap().revision();
@@ -306,7 +322,7 @@ async fn changed_target_cluster_id_rearms_require_empty() {
 
     agent.restart().await.unwrap();
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
-    assert!(status.condition("EmptyTargetViolation"), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::EmptyTargetViolation), "{status:#?}");
     assert_eq!(scenario::current_revision(&mut dst).await.unwrap(), before, "nothing may be written");
 }
 

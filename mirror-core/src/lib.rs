@@ -50,7 +50,7 @@ pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, process_memory, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs,
     Freshness, HaStatus, InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status,
-    StatusHandle,
+    StatusHandle, UnknownCondition,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

@@ -258,6 +258,50 @@ impl AsRef<str> for ConditionType {
     }
 }
 
+impl ConditionType {
+    /// Every condition type, in SPEC §7's order.
+    pub const ALL: [ConditionType; 19] = [
+        ConditionType::Available,
+        ConditionType::SourceReachable,
+        ConditionType::TargetReachable,
+        ConditionType::TargetThrottled,
+        ConditionType::TargetQuotaExhausted,
+        ConditionType::InitialSyncComplete,
+        ConditionType::ResyncLoopDetected,
+        ConditionType::ReplicationLagExceeded,
+        ConditionType::DriftDetected,
+        ConditionType::EmptyTargetViolation,
+        ConditionType::CutoverReady,
+        ConditionType::InvariantsHeld,
+        ConditionType::LearnerEndpoint,
+        ConditionType::MemberUnreachable,
+        ConditionType::PrefixConflict,
+        ConditionType::DirectionConflict,
+        ConditionType::Fenced,
+        ConditionType::SourceWentBack,
+        ConditionType::DrainVerificationFailed,
+    ];
+}
+
+impl std::fmt::Display for ConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no condition type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is no condition type")]
+pub struct UnknownCondition(pub String);
+
+impl std::str::FromStr for ConditionType {
+    type Err = UnknownCondition;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ConditionType::ALL.into_iter().find(|c| c.as_str() == s).ok_or_else(|| UnknownCondition(s.to_owned()))
+    }
+}
+
 /// The live status, shared by the engine (writer) and the HTTP server (readers).
 pub type StatusHandle = std::sync::Arc<std::sync::RwLock<Status>>;
 
@@ -445,9 +489,8 @@ impl Status {
     }
 
     /// Whether a condition is currently true.
-    pub fn condition(&self, type_: impl AsRef<str>) -> bool {
-        let type_ = type_.as_ref();
-        self.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+    pub fn condition(&self, type_: ConditionType) -> bool {
+        self.conditions.iter().any(|c| c.type_ == type_.as_str() && c.status == "True")
     }
 }
 

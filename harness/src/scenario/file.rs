@@ -19,7 +19,7 @@
 use std::fmt;
 
 use anyhow::{bail, Context as _};
-use mirror_core::HumanDuration;
+use mirror_core::{ConditionType, HumanDuration};
 use serde::{Deserialize, Serialize};
 
 use crate::EtcdVersion;
@@ -757,7 +757,7 @@ pub enum Until {
     /// The agent's phase.
     Phase(String),
     /// A condition's status, and its reason when given (`TYPE=True/REASON`).
-    Condition(String, bool, Option<String>),
+    Condition(ConditionType, bool, Option<String>),
     /// Target == source.
     Equal,
     /// Every background step has finished.
@@ -792,16 +792,17 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
 }
 
 /// Parses `"TYPE=True|False"`.
-pub fn parse_condition(c: &str) -> anyhow::Result<(String, bool, Option<String>)> {
+pub fn parse_condition(c: &str) -> anyhow::Result<(ConditionType, bool, Option<String>)> {
     let (c, reason) = match c.split_once('/') {
         Some((c, reason)) => (c, Some(reason.to_owned())),
         None => (c, None),
     };
-    match c.split_once('=') {
-        Some((t, "True")) => Ok((t.to_owned(), true, reason)),
-        Some((t, "False")) => Ok((t.to_owned(), false, reason)),
+    let (t, on) = match c.split_once('=') {
+        Some((t, "True")) => (t, true),
+        Some((t, "False")) => (t, false),
         _ => bail!("condition: {c:?} (TYPE=True or TYPE=False, optionally /REASON)"),
-    }
+    };
+    Ok((t.parse()?, on, reason))
 }
 
 #[cfg(test)]
@@ -973,10 +974,12 @@ forced_resyncs = 0
     fn condition_with_reason() {
         assert_eq!(
             parse_until("condition:Fenced=True/TargetPromoted").unwrap(),
-            Until::Condition("Fenced".into(), true, Some("TargetPromoted".into()))
+            Until::Condition(ConditionType::Fenced, true, Some("TargetPromoted".into()))
         );
-        assert_eq!(parse_condition("Available=False").unwrap(), ("Available".into(), false, None));
+        assert_eq!(parse_condition("Available=False").unwrap(), (ConditionType::Available, false, None));
         assert!(parse_condition("Fenced=Maybe/TargetPromoted").is_err());
+        let typo = parse_condition("Availabel=True").unwrap_err().to_string();
+        assert!(typo.contains("Availabel"), "{typo}");
     }
 
     /// Versions name all four releases, 3.5.30 by default, and source->target pairs.
@@ -994,5 +997,22 @@ forced_resyncs = 0
             "name = \"x\"\nabout = \"y\"\nversions = [\"3.6.0\"]\n[source]\nprefix = \"/a/\"\n",
         );
         assert!(format!("{:#}", bad.unwrap_err()).contains("3.5.30, 3.5.16, 3.5.1, 3.4.23"));
+    }
+
+    /// Every shipped scenario file parses (conditions, reasons and step kinds typed at read), so
+    /// a typo fails here in a second rather than after the slow tests before it.
+    #[test]
+    fn every_scenario_file_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n > 40, "only {n} scenario files found in {}", dir.display());
     }
 }

@@ -39,7 +39,7 @@ pub async fn pair_of(version: EtcdVersion, members: usize) -> anyhow::Result<(Et
 pub async fn synced(agent: &AgentProcess) -> anyhow::Result<Status> {
     agent
         .wait_for("InitialSyncComplete", SYNC_TIMEOUT, |s| {
-            s.phase == Phase::Syncing && s.condition("InitialSyncComplete")
+            s.phase == Phase::Syncing && s.condition(mirror_core::ConditionType::InitialSyncComplete)
         })
         .await
 }

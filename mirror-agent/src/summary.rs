@@ -7,12 +7,7 @@
 
 use std::fmt::Write as _;
 
-use mirror_core::{Phase, Status};
-
-/// Conditions whose healthy state is True; every other condition is healthy when False.
-/// `CutoverReady` is neither: it reports a drain's outcome, never a problem.
-const HEALTHY_WHEN_TRUE: [&str; 5] =
-    ["Available", "SourceReachable", "TargetReachable", "InitialSyncComplete", "InvariantsHeld"];
+use mirror_core::{ConditionType, Phase, Status};
 
 /// ANSI styles, or nothing.
 struct Paint(bool);
@@ -155,8 +150,12 @@ pub fn render(s: &Status, colour: bool) -> String {
     let unhealthy: Vec<String> = s
         .conditions
         .iter()
-        .filter(|c| c.type_ != "CutoverReady")
-        .filter(|c| (c.status == "True") != HEALTHY_WHEN_TRUE.contains(&c.type_.as_str()))
+        .filter(|c| {
+            // A condition this build does not know (a newer agent's status) counts as a problem
+            // when True.
+            let healthy = c.type_.parse::<ConditionType>().map_or(Some(false), ConditionType::healthy_when);
+            healthy.is_some_and(|h| (c.status == "True") != h)
+        })
         .map(|c| {
             let detail =
                 if c.message.is_empty() { c.reason.clone() } else { format!("{}: {}", c.reason, c.message) };

@@ -283,6 +283,24 @@ impl ConditionType {
     ];
 }
 
+impl ConditionType {
+    /// The status at which this condition is healthy: `Some(true)` for the five that say the
+    /// link works (`Available`, `SourceReachable`, `TargetReachable`, `InitialSyncComplete`,
+    /// `InvariantsHeld`), `None` for `CutoverReady` (neither: it says a cutover finished),
+    /// `Some(false)` for every condition that names a problem.
+    pub fn healthy_when(self) -> Option<bool> {
+        match self {
+            ConditionType::Available
+            | ConditionType::SourceReachable
+            | ConditionType::TargetReachable
+            | ConditionType::InitialSyncComplete
+            | ConditionType::InvariantsHeld => Some(true),
+            ConditionType::CutoverReady => None,
+            _ => Some(false),
+        }
+    }
+}
+
 impl std::fmt::Display for ConditionType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

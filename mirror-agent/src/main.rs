@@ -16,6 +16,7 @@
 
 mod cutover;
 mod engine;
+mod freshness;
 mod http;
 mod metrics;
 mod progress;
@@ -293,7 +294,7 @@ async fn freshness_watchdog(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let rule = mirror_core::Freshness::of(&config.borrow());
-        status.write().expect("status lock").refresh(std::time::SystemTime::now(), &rule);
+        let rule = freshness::Freshness::of(&config.borrow());
+        freshness::refresh(&mut status.write().expect("status lock"), std::time::SystemTime::now(), &rule);
     }
 }

@@ -2,15 +2,16 @@
 //!
 //! The engine never touches the status lock or the histograms itself; it tells the reporter
 //! what happened (a change to status, a phase, a landed Txn). Every change recomputes the lag
-//! figures and the freshness rule ([`mirror_core::Status::refresh`]), so `/statusz` and
+//! figures and the freshness rule ([`crate::freshness::refresh`]), so `/statusz` and
 //! `/metrics` (encoded from the same status) never disagree.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mirror_core::{ConditionType, Freshness, Phase, Status, StatusHandle};
+use mirror_core::{ConditionType, Phase, Status, StatusHandle};
 use tracing::info;
 
+use crate::freshness::{refresh, Freshness};
 use crate::metrics::Metrics;
 
 /// The status and metrics handles of one engine.
@@ -46,7 +47,7 @@ impl Reporter {
         if s.last_progress_time != progress_before {
             s.progress_at = Some(now);
         }
-        s.refresh(now, &self.freshness);
+        refresh(&mut s, now, &self.freshness);
     }
 
     /// Moves to `phase` (logged once per change); `Available` follows it, and reaching

@@ -49,8 +49,8 @@ pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, process_memory, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs,
-    Freshness, HaStatus, InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status,
-    StatusHandle, UnknownCondition,
+    HaStatus, InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
+    UnknownCondition,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

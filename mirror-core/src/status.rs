@@ -1,7 +1,7 @@
 //! The `/statusz` document of SPEC §7. Field names are public interface.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -456,81 +456,9 @@ impl Status {
         }
     }
 
-    /// Recomputes the lag figures and the staleness rule at `now` (see [`Freshness`]). Called
-    /// by the engine on every status change and by a once-a-second watchdog that does not
-    /// depend on the engine's loop, so a wedged loop cannot keep looking healthy.
-    pub fn refresh(&mut self, now: SystemTime, rule: &Freshness) {
-        let since = |at: Option<SystemTime>| at.and_then(|t| now.duration_since(t).ok()).unwrap_or_default();
-        self.lag_revisions = (self.source_revision - self.watermark).max(0);
-        if self.lag_revisions == 0 {
-            self.behind_since = None;
-        } else if self.behind_since.is_none() {
-            self.behind_since = Some(now);
-        }
-        let lag = since(self.behind_since);
-        let quiet = since(self.progress_at);
-        self.lag_seconds = lag.as_secs_f64();
-        self.seconds_since_progress = quiet.as_secs_f64();
-        let exceeded = self.lag_revisions > 0 && (lag > rule.max_lag || quiet > rule.max_lag);
-        let was = self.condition(ConditionType::ReplicationLagExceeded);
-        if exceeded || was {
-            let message = format!(
-                "watermark {} trails the source revision {} for {:.0}s; last progress {:.0}s ago (sync.max_lag {}s)",
-                self.watermark,
-                self.source_revision,
-                lag.as_secs_f64(),
-                quiet.as_secs_f64(),
-                rule.max_lag.as_secs()
-            );
-            let reason = if exceeded { "LagOverMax" } else { "CaughtUp" };
-            self.set_condition(ConditionType::ReplicationLagExceeded, exceeded, reason, message);
-        }
-        if self.phase == Phase::Syncing {
-            let (ok, reason) = if exceeded { (false, "ReplicationLagExceeded") } else { (true, "Syncing") };
-            if self.condition(ConditionType::Available) != ok {
-                self.set_condition(ConditionType::Available, ok, reason, "");
-            }
-        }
-        // A count older than two reconcile intervals no longer vouches for the invariants.
-        if let (Some(stale_after), Some(last)) = (rule.reconcile_stale_after, &self.last_reconcile) {
-            let at = last.time.as_deref().and_then(|t| humantime::parse_rfc3339(t).ok());
-            let age = since(at);
-            if self.condition(ConditionType::InvariantsHeld) && age > stale_after {
-                self.set_condition(
-                    ConditionType::InvariantsHeld,
-                    false,
-                    "Stale",
-                    format!("the last reconcile pass is {:.0}s old", age.as_secs_f64()),
-                );
-            }
-        }
-    }
-
     /// Whether a condition is currently true.
     pub fn condition(&self, type_: ConditionType) -> bool {
         self.conditions.iter().any(|c| c.type_ == type_.as_str() && c.status == "True")
-    }
-}
-
-/// The staleness rule of [`Status::refresh`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Freshness {
-    /// `sync.max_lag`: longer lag, or longer without progress while behind, raises
-    /// `ReplicationLagExceeded` and drops `Available`.
-    pub max_lag: Duration,
-    /// `InvariantsHeld` turns false when the last reconcile pass is older than this (twice the
-    /// interval); `None` when periodic passes are off.
-    pub reconcile_stale_after: Option<Duration>,
-}
-
-impl Freshness {
-    /// The rule of a config.
-    pub fn of(cfg: &crate::Config) -> Freshness {
-        let interval = cfg.reconcile.interval.get();
-        Freshness {
-            max_lag: cfg.sync.max_lag.get(),
-            reconcile_stale_after: (!interval.is_zero()).then(|| interval * 2),
-        }
     }
 }
 
@@ -554,56 +482,6 @@ mod tests {
         assert!(s.condition(ConditionType::Available));
         s.set_condition(ConditionType::Available, false, "Fenced", "");
         assert!(!s.condition(ConditionType::Available));
-    }
-
-    fn rule() -> Freshness {
-        Freshness {
-            max_lag: Duration::from_secs(300),
-            reconcile_stale_after: Some(Duration::from_secs(7200)),
-        }
-    }
-
-    /// A loop that stopped moving the watermark while the source went on is reported: after
-    /// max_lag, ReplicationLagExceeded is True and Available False; catching up clears both
-    /// (defect #10 of issue 10: neither had a freshness term).
-    #[test]
-    fn a_wedged_loop_stops_looking_available() {
-        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let mut s = Status { phase: Phase::Syncing, watermark: 10, source_revision: 10, ..Status::default() };
-        s.set_condition(ConditionType::Available, true, "Syncing", "");
-        s.progress_at = Some(t0);
-        s.refresh(t0, &rule());
-        assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
-        s.source_revision = 50;
-        s.refresh(t0 + Duration::from_secs(10), &rule());
-        assert!(s.condition(ConditionType::Available), "10 s behind is within max_lag");
-        s.refresh(t0 + Duration::from_secs(400), &rule());
-        assert!(s.condition(ConditionType::ReplicationLagExceeded) && !s.condition(ConditionType::Available));
-        assert_eq!(s.lag_seconds, 390.0);
-        assert_eq!(s.seconds_since_progress, 400.0);
-        s.watermark = 50;
-        s.progress_at = Some(t0 + Duration::from_secs(401));
-        s.refresh(t0 + Duration::from_secs(401), &rule());
-        assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
-        assert_eq!(s.lag_seconds, 0.0);
-    }
-
-    /// InvariantsHeld from a pass older than twice the interval is stale.
-    #[test]
-    fn old_counts_stop_vouching() {
-        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let mut s = Status {
-            last_reconcile: Some(LastReconcile {
-                time: Some(humantime::format_rfc3339_seconds(t0).to_string()),
-                ..LastReconcile::default()
-            }),
-            ..Status::default()
-        };
-        s.set_condition(ConditionType::InvariantsHeld, true, "CountsEqual", "");
-        s.refresh(t0 + Duration::from_secs(3600), &rule());
-        assert!(s.condition(ConditionType::InvariantsHeld));
-        s.refresh(t0 + Duration::from_secs(7201), &rule());
-        assert!(!s.condition(ConditionType::InvariantsHeld));
     }
 
     /// Phases serialise to the names of SPEC §7.

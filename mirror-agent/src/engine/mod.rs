@@ -318,7 +318,7 @@ impl Engine {
     pub fn new(cfg: Config, status: StatusHandle, shutdown: CancellationToken) -> Engine {
         let rewriter = cfg.rewriter();
         let agent_id = format!("{}/{}", hostname(), std::process::id());
-        let reporter = crate::reporter::Reporter::new(status, mirror_core::Freshness::of(&cfg));
+        let reporter = crate::reporter::Reporter::new(status, crate::freshness::Freshness::of(&cfg));
         reporter.update(|s| {
             s.link_uid = cfg.link_uid.clone();
             s.epoch = cfg.epoch as u64;

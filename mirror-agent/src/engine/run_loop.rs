@@ -290,7 +290,7 @@ impl Engine {
             [&c.source, &c.target].map(|side| (side.endpoints.clone(), side.tls.clone(), side.auth.clone()))
         };
         let reconnect = reach(&self.cfg) != reach(&new);
-        self.reporter.set_freshness(mirror_core::Freshness::of(&new));
+        self.reporter.set_freshness(crate::freshness::Freshness::of(&new));
         self.cfg = new;
         reconnect
     }

@@ -30,6 +30,7 @@
 
 mod batch;
 mod buffer;
+mod coalesce;
 mod idle;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
@@ -40,6 +41,7 @@ pub use batch::{
     Revision, RevisionBatcher, HELD_DELETE_BYTES,
 };
 pub use buffer::{Overflow, ReplayBuffer};
+pub use coalesce::Coalescer;
 pub use idle::{prove_unchanged, IdleProof};
 
 /// The largest unfragmented watch response the client accepts. Most responses are far

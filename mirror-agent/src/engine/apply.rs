@@ -331,30 +331,17 @@ impl Run<'_> {
         Err(FenceError::GuardFailed.into())
     }
 
-    /// A revision's ops with runs of deleted keys replaced by range deletes, or `None` when no
-    /// run of two or more could be formed. A run is a sequence of keys that are next to each
-    /// other *in the target*: the target is read (keys only) over the deletes' span, and any key
-    /// there that this revision does not delete (an excluded, reserved, foreign or untouched
-    /// key), and any key it puts, ends the run. So a range delete removes exactly the keys the
-    /// source revision deleted, as of the revision the target was read at; the compare that
-    /// comes with the ops holds the commit to that ("no key of the span has a mod revision after
-    /// it").
+    /// A revision's ops with runs of deleted keys replaced by range deletes
+    /// ([`mirror_watch::Coalescer`]: a run is adjacent *in the target*), or `None` when that
+    /// saved nothing. The target's keys over the deletes' span are read at one revision, and
+    /// the compare that comes with the ops holds the commit to it ("no key of the span has a
+    /// mod revision after it").
     pub(super) async fn coalesce_deletes(
         &mut self,
         ops: &[Op],
     ) -> Result<Option<(Vec<Op>, etcd_client::Compare)>, EngineError> {
-        let mut deletes: Vec<&[u8]> =
-            ops.iter().filter(|op| matches!(op, Op::Delete { .. })).map(Op::key).collect();
-        if deletes.len() < 2 {
-            return Ok(None);
-        }
-        deletes.sort_unstable();
-        let puts: std::collections::BTreeSet<&[u8]> =
-            ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(Op::key).collect();
-        let span = mirror_core::KeyRange {
-            start: deletes[0].to_vec(),
-            end: [deletes[deletes.len() - 1], &[0u8]].concat(),
-        };
+        let Some(mut coalescer) = mirror_watch::Coalescer::new(ops) else { return Ok(None) };
+        let span = coalescer.span();
         // One snapshot: the target's revision now, every page read at it.
         let head = unary(
             "coalesce revision",
@@ -371,55 +358,16 @@ impl Run<'_> {
         let page = self.page_options("coalesce page").keys_only().at_revision(head);
         let mut target =
             mirror_reconcile::RangeReader::new(self.target_kv.clone(), Side::Target, vec![span], page);
-        // Everything but the single deletes stays as it is: puts, and range deletes already
-        // checked (a resolved run; dropping one lost part of a revision).
-        let mut out: Vec<Op> = ops.iter().filter(|op| !matches!(op, Op::Delete { .. })).cloned().collect();
-        let mut run: Vec<Vec<u8>> = Vec::new();
-        let mut next_delete = deletes.iter().peekable();
-        let close = |run: &mut Vec<Vec<u8>>, out: &mut Vec<Op>| match run.len() {
-            0 => {}
-            1 => out.push(Op::Delete { key: run.pop().expect("one") }),
-            _ => {
-                let key = run.first().expect("two").clone();
-                let end = [run.last().expect("two").as_slice(), &[0u8]].concat();
-                out.push(Op::DeleteRange { key, end });
-                run.clear();
-            }
-        };
         while let Some(kv) = target.next().await? {
-            let key = kv.key();
-            // Deletes of keys the target does not hold (none, if G3 holds) stay single.
-            while next_delete.peek().is_some_and(|d| **d < key) {
-                close(&mut run, &mut out);
-                out.push(Op::Delete { key: next_delete.next().expect("peeked").to_vec() });
-            }
-            let deleted_here = next_delete.peek().is_some_and(|d| **d == key);
-            let put_between = run.last().is_some_and(|last| {
-                puts.range::<[u8], _>((
-                    std::ops::Bound::Excluded(last.as_slice()),
-                    std::ops::Bound::Excluded(key),
-                ))
-                .next()
-                .is_some()
-            });
-            if put_between {
-                close(&mut run, &mut out);
-            }
-            if deleted_here {
-                run.push(next_delete.next().expect("peeked").to_vec());
-            } else {
-                close(&mut run, &mut out);
-            }
+            coalescer.target_key(kv.key());
         }
-        close(&mut run, &mut out);
-        out.extend(next_delete.map(|d| Op::Delete { key: d.to_vec() }));
         if let Some(key) = failpoint::foreign_put_after_coalesce_read() {
             self.target_kv
                 .put(key, "foreign", None)
                 .await
                 .map_err(|e| EtcdError::new("failpoint put", Side::Target, e))?;
         }
-        Ok((out.len() < ops.len()).then_some((out, guard)))
+        Ok(coalescer.finish().map(|out| (out, guard)))
     }
 
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies

@@ -28,6 +28,7 @@ mod config;
 mod connect;
 mod error;
 mod keys;
+mod op;
 mod pager;
 mod side;
 mod status;
@@ -46,6 +47,7 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
+pub use op::Op;
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, process_memory, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs,

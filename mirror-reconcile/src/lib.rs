@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use etcd_client::KvClient;
-use mirror_core::{EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};
+use mirror_core::{EtcdError, KeyRange, KeyRewriter, Op, Pager, PagerOptions, Side};
 use sha2::{Digest, Sha256};
 
 /// One key/value read from a side, its key in *target* form.
@@ -99,6 +99,18 @@ impl Difference {
         match self {
             Difference::Missing(e) | Difference::Divergent(e) => &e.key,
             Difference::Orphan { key, .. } => key,
+        }
+    }
+
+    /// The write that repairs it: a missing or divergent key gets the source's value; an
+    /// orphan is deleted when `delete_orphan(key, target mod revision)` says so (the caller's
+    /// scope: every orphan, only this link's, or none), else nothing is written.
+    pub fn repair(self, delete_orphan: impl FnOnce(&[u8], i64) -> bool) -> Option<Op> {
+        match self {
+            Difference::Missing(e) | Difference::Divergent(e) => Some(Op::Put { key: e.key, value: e.value }),
+            Difference::Orphan { key, mod_revision } => {
+                delete_orphan(&key, mod_revision).then_some(Op::Delete { key })
+            }
         }
     }
 }

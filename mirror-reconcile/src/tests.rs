@@ -72,3 +72,15 @@ fn digests_separate_keys_from_values() {
     feed(&mut d.target_hash, b"k", b"v");
     assert_eq!(c.source_digest(), d.target_digest());
 }
+
+/// A missing or divergent key is repaired with the source's value whatever the scope; an
+/// orphan only when the scope says so, and the scope sees its key and target mod revision.
+#[test]
+fn repairs_follow_the_orphan_scope() {
+    let put = Some(Op::Put { key: b"k".to_vec(), value: b"v".to_vec() });
+    assert_eq!(Difference::Missing(entry("k", "v")).repair(|_, _| false), put);
+    assert_eq!(Difference::Divergent(entry("k", "v")).repair(|_, _| false), put);
+    let orphan = || Difference::Orphan { key: b"o".to_vec(), mod_revision: 7 };
+    assert_eq!(orphan().repair(|k, rev| k == b"o" && rev == 7), Some(Op::Delete { key: b"o".to_vec() }));
+    assert_eq!(orphan().repair(|_, rev| rev > 7), None);
+}

@@ -51,7 +51,7 @@ impl ReplayBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Op;
+    use mirror_core::Op;
 
     /// The byte bound is enforced and draining resets it.
     #[test]

@@ -37,12 +37,15 @@ use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
 pub use batch::{
-    convert_events, fold_delete_runs, held_revision_bytes, Batch, Converted, Fragments, Op, OpChunker,
-    Revision, RevisionBatcher, HELD_DELETE_BYTES,
+    convert_events, fold_delete_runs, held_revision_bytes, Batch, Converted, Fragments, OpChunker, Revision,
+    RevisionBatcher, HELD_DELETE_BYTES,
 };
 pub use buffer::{Overflow, ReplayBuffer};
 pub use coalesce::Coalescer;
 pub use idle::{prove_unchanged, IdleProof};
+/// Re-exported: the unit of every batch (it lives in mirror-core, shared with the scan and the
+/// reconcile).
+pub use mirror_core::Op;
 
 /// The largest unfragmented watch response the client accepts. Most responses are far
 /// smaller; a catch-up after downtime bundles up to 1 000 revisions (200 MB of 200 KiB values)

@@ -213,15 +213,10 @@ impl Run<'_> {
                 Err(e) => return Err(e.into()),
             };
             let done = diff.is_none();
-            let full = match diff {
-                Some(
-                    mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e),
-                ) => chunker.push(Op::Put { key: e.key, value: e.value }),
-                Some(mirror_reconcile::Difference::Orphan { key, .. }) if delete_orphans => {
-                    chunker.push(Op::Delete { key })
-                }
-                _ if done => chunker.take(),
-                _ => None,
+            let full = match diff.map(|d| d.repair(|_, _| delete_orphans)) {
+                Some(Some(op)) => chunker.push(op),
+                Some(None) => None,
+                None => chunker.take(),
             };
             if let Some(batch) = full {
                 let n = batch.len() as u64;

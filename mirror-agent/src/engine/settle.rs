@@ -50,16 +50,8 @@ impl Run<'_> {
                 Err(e) => return Err(e.into()),
             };
             let Some(diff) = diff else { break };
-            let op = match diff {
-                mirror_reconcile::Difference::Missing(e) | mirror_reconcile::Difference::Divergent(e) => {
-                    Op::Put { key: e.key, value: e.value }
-                }
-                mirror_reconcile::Difference::Orphan { key, mod_revision }
-                    if scope.deletes(&key, mod_revision) =>
-                {
-                    Op::Delete { key }
-                }
-                mirror_reconcile::Difference::Orphan { .. } => continue,
+            let Some(op) = diff.repair(|key, mod_revision| scope.deletes(key, mod_revision)) else {
+                continue;
             };
             differences += 1;
             if !repair {

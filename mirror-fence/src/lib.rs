@@ -26,14 +26,17 @@
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
 mod checkpoint;
+mod commit_id;
 pub mod election;
+mod error;
 mod nest;
+mod observed;
 mod observer;
 mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
+pub use error::FenceError;
 pub use nest::{nest, plan, Slot, TooManyOps, NESTED_TXNS};
+pub use observed::{may_claim, read_checkpoint, read_checkpoint_since, Observed};
 pub use observer::FenceObserver;
-pub use writer::{
-    may_claim, read_checkpoint, read_checkpoint_since, DataWriter, FenceError, FencedWriter, Observed,
-};
+pub use writer::{DataWriter, FencedWriter};

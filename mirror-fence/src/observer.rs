@@ -18,7 +18,7 @@ use std::sync::RwLock;
 
 use tokio::sync::OnceCell;
 
-use crate::writer::{FenceError, Observed};
+use crate::{FenceError, Observed};
 
 /// A sequenced view of the checkpoint key, fed by `read`.
 pub struct FenceObserver<R> {

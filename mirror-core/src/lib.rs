@@ -15,6 +15,8 @@
 //!   with a backoff that resets after success.
 //! - **Paging** ([`Pager`]): every reader pages by keys and bytes, starts small, and halves a
 //!   page the client refused as too large; only one key over the limit is an error.
+//! - **Writes as values** ([`Op`]): one target write, already rewritten; the watch, the scan
+//!   and the reconcile all produce them, and only the fenced writer sends them.
 //! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
 //!   through [`unary`]; TLS material read from disk at every connect ([`tls`]), so rotated files
 //!   are used from the next connect on.

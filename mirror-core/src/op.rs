@@ -27,7 +27,7 @@ pub enum Op {
         end: Vec<u8>,
     },
     /// `count` deletes of one revision, in key order from `key` to `last`, whose keys between
-    /// were not kept ([`Fragments`] bounds what one revision holds). Not yet an op etcd can take:
+    /// were not kept (mirror-watch's `Fragments` bounds what one revision holds). Not yet an op etcd can take:
     /// the agent checks that the target holds exactly `count` keys in `[key, last]` and then
     /// deletes the range, or refuses the revision.
     DeleteRun {

@@ -18,6 +18,9 @@
 //!   pass an eighth of `watch_buffer_bytes` ([`held_revision_bytes`]). So what one response or
 //!   one revision costs is bounded by these limits, `watch_buffer_bytes` and the source's
 //!   request limit, never by the revision.
+//! - **Coalescing is exact.** [`Coalescer`] turns a revision's deletes into range deletes only
+//!   over keys adjacent *in the target* (read at one revision), never across a key the revision
+//!   keeps or puts; the agent commits them guarded by "nothing in the span changed since".
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.

@@ -54,7 +54,7 @@ pub enum FenceError {
         /// The checkpoint's mod revision in that answer (0 if absent).
         seen: i64,
     },
-    /// A guard of [`FencedWriter::commit_guarded`] failed while the fence held: nothing
+    /// A guard of [`crate::FencedWriter::commit_guarded`] failed while the fence held: nothing
     /// landed; read again and retry.
     #[error("a guarded write found its range changed since it was read; nothing was written")]
     GuardFailed,

@@ -15,9 +15,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # Scenario tests run the real agent binary; build it before the tests that look for it.
 cargo build --quiet -p mirror-agent
-# The agent image (release build, docker import) for tests/image.rs and the agent-container
-# scenario.
-bash scripts/image.sh
+# The agent image for tests/image.rs and the agent-container scenario, packed from the debug
+# binary just built (scripts/image.sh: same layout; no release build of every dependency).
+MIRROR_IMAGE_PROFILE=dev bash scripts/image.sh
 # Doc tests first: nextest's summary must be the run's closing line.
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --profile ci --no-fail-fast

@@ -58,14 +58,17 @@ fn fence_unmoved(resp: &etcd_client::TxnResponse, mod_revision: i64) -> bool {
 
 /// A deliberately broken writer, to prove the harness catches one (issue #12): in debug
 /// builds only, `MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY=N` drops the checkpoint put from every
-/// Nth commit. Release builds compile it to `false`.
+/// Nth commit. Release builds compile the same code to `false` (one code path for both, so a
+/// debug build proves the release build compiles).
 mod failpoint {
-    #[cfg(debug_assertions)]
     pub(super) fn drop_checkpoint_put() -> bool {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::sync::OnceLock;
         static EVERY: OnceLock<u64> = OnceLock::new();
         static COMMITS: AtomicU64 = AtomicU64::new(0);
+        if !cfg!(debug_assertions) {
+            return false;
+        }
         let every = *EVERY.get_or_init(|| {
             std::env::var("MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY")
                 .ok()
@@ -73,11 +76,6 @@ mod failpoint {
                 .unwrap_or(0)
         });
         every > 0 && (COMMITS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every)
-    }
-
-    #[cfg(not(debug_assertions))]
-    pub(super) fn drop_checkpoint_put() -> bool {
-        false
     }
 }
 

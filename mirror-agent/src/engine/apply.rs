@@ -495,22 +495,20 @@ impl Run<'_> {
     }
 }
 
-/// Test hooks, in debug builds only (release builds compile them away).
+/// Test hooks, live in debug builds only: release builds compile the same code and optimise
+/// it away, so a debug build (what CI builds) proves the release build compiles.
 mod failpoint {
     /// `MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ=KEY`: once per process, right after
     /// the target was read for coalescing deletes, put KEY into the target as another writer
     /// would (the race the range delete's guard exists for).
-    #[cfg(debug_assertions)]
     pub(super) fn foreign_put_after_coalesce_read() -> Option<String> {
         use std::sync::atomic::{AtomicBool, Ordering};
         static FIRED: AtomicBool = AtomicBool::new(false);
+        if !cfg!(debug_assertions) {
+            return None;
+        }
         let key = std::env::var("MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ").ok()?;
         (!FIRED.swap(true, Ordering::Relaxed)).then_some(key)
-    }
-
-    #[cfg(not(debug_assertions))]
-    pub(super) fn foreign_put_after_coalesce_read() -> Option<String> {
-        None
     }
 }
 

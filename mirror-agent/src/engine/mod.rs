@@ -102,6 +102,7 @@ use mirror_core::{Action, ConditionType, RetryPolicy};
 mod apply;
 mod buffering;
 mod causes;
+mod commit;
 mod genesis;
 mod ha;
 mod plan;

@@ -34,17 +34,18 @@
 mod batch;
 mod buffer;
 mod coalesce;
+mod events;
 mod idle;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
-pub use batch::{
-    convert_events, fold_delete_runs, held_revision_bytes, Batch, Converted, Fragments, OpChunker, Revision,
-    RevisionBatcher, HELD_DELETE_BYTES,
-};
+pub use batch::{Batch, OpChunker, Revision, RevisionBatcher};
 pub use buffer::{Overflow, ReplayBuffer};
 pub use coalesce::Coalescer;
+pub use events::{
+    convert_events, fold_delete_runs, held_revision_bytes, Converted, Fragments, HELD_DELETE_BYTES,
+};
 pub use idle::{prove_unchanged, IdleProof};
 /// Re-exported: the unit of every batch (it lives in mirror-core, shared with the scan and the
 /// reconcile).

@@ -26,6 +26,7 @@
 //! the crates above it.
 
 mod backoff;
+mod condition;
 mod config;
 mod connect;
 mod error;
@@ -39,6 +40,7 @@ pub mod tls;
 mod units;
 
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy};
+pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
     Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, Mode,
     Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
@@ -52,9 +54,8 @@ pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter
 pub use op::Op;
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
-    now_rfc3339, process_memory, Condition, ConditionType, CutoverStatus, ExcludedKeys, ForcedResyncs,
-    HaStatus, InitialSyncStatus, LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
-    UnknownCondition,
+    now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,
+    LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

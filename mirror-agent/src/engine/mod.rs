@@ -103,6 +103,7 @@ mod apply;
 mod buffering;
 mod causes;
 mod commit;
+mod decide;
 mod genesis;
 mod ha;
 mod plan;

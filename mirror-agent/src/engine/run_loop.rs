@@ -1,6 +1,7 @@
 //! The outer loop of one link: connect, run, and on an error decide by class: back off and
 //! reconnect, start a fresh genesis, park in `failed`, or go to cold standby.
 
+use super::decide::{self, Decision};
 use super::*;
 
 /// How a run of the link ended.
@@ -43,33 +44,31 @@ impl Engine {
             }
             let err = match result {
                 Ok(()) | Err(EngineError::Shutdown) => return LinkEnd::Stopped,
-                Err(EngineError::Reconnect(why)) => {
-                    if why == ReconnectCause::WatchResponseTooLarge {
-                        warn!(
-                            "a watch response was over the decode limit; watching in fragments from now on"
-                        );
-                        self.fragment_watch = true;
-                    }
-                    info!(why = why.as_str(), "reconnecting both sides with the current settings and files");
-                    // Immediate once; a reconnect that asks for another within seconds (a
-                    // server that takes the handshake but then refuses) waits the initial backoff.
-                    if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
-                        tokio::select! {
-                            _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
-                            _ = tokio::time::sleep(self.cfg.sync.backoff.initial.get()) => {}
-                        }
-                    }
-                    last_reconnect = Some(Instant::now());
-                    continue;
-                }
                 Err(e) => e,
             };
+            let decision = decide::on_run_error(&err);
+            if let Decision::Reconnect { fragments } = decision {
+                if fragments {
+                    warn!("a watch response was over the decode limit; watching in fragments from now on");
+                    self.fragment_watch = true;
+                }
+                info!(why = %err, "reconnecting both sides with the current settings and files");
+                // Immediate once; a reconnect that asks for another within seconds (a
+                // server that takes the handshake but then refuses) waits the initial backoff.
+                if last_reconnect.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
+                        _ = tokio::time::sleep(self.cfg.sync.backoff.initial.get()) => {}
+                    }
+                }
+                last_reconnect = Some(Instant::now());
+                continue;
+            }
             let class = err.class();
             // Standing by for another writer (a newer epoch, a cutover) is not an error: the
             // `Fenced` condition says why. Recording it as a permanent last_error read as a
             // failure to dashboards and to the cutover tests that look for none.
-            let standing_by = matches!(&err, EngineError::Fence(f) if f.standby_reason().is_some());
-            if !standing_by {
+            if !matches!(decision, Decision::StandBy(_)) {
                 self.update(|s| {
                     s.last_error = Some(LastError {
                         class: class.to_string(),
@@ -78,79 +77,55 @@ impl Engine {
                     })
                 });
             }
-            match &err {
-                EngineError::Fence(f) if f.standby_reason().is_some() => {
-                    let reason = f.standby_reason().unwrap_or("Fenced");
+            match decision {
+                Decision::Reconnect { .. } => unreachable!("handled above"),
+                Decision::StandBy(reason) => {
                     if self.cfg.ha.enabled {
-                        return LinkEnd::Fenced(reason, f.to_string());
+                        return LinkEnd::Fenced(reason, err.to_string());
                     }
-                    error!(reason, "fenced: {f}; entering cold standby, no further writes");
-                    if self.standby(reason, &f.to_string()).await {
+                    error!(reason, "fenced: {err}; entering cold standby, no further writes");
+                    if self.standby(reason, &err.to_string()).await {
                         self.update(|s| s.set_condition(ConditionType::Fenced, false, "TakingOver", ""));
                         continue;
                     }
                     return LinkEnd::Stopped;
                 }
-                EngineError::RestartGenesis(reason) => {
-                    self.note_resync(reason.as_str(), false);
-                    pending = Pending::FreshGenesis;
-                }
-                EngineError::Resync(reason) => {
-                    self.note_resync(reason.as_str(), true);
-                    pending = Pending::FreshGenesis;
-                }
-                EngineError::Etcd(_) if class == ErrorClass::Resync => {
-                    self.note_resync("SourceCompacted", true);
-                    pending = Pending::FreshGenesis;
-                }
-                _ => {}
-            }
-            match class {
-                ErrorClass::Permanent => {
+                Decision::Fail { condition } => {
                     error!(reason = %err.reason(), "permanent error, writes stopped: {err}");
                     self.set_phase(Phase::Failed);
-                    if let EngineError::Refused(refusal) = &err {
-                        if let Some((condition, reason)) = refusal.condition() {
-                            self.update(|s| s.set_condition(condition, true, reason, refusal.to_string()));
-                        }
-                    }
-                    if let EngineError::Fence(FenceError::PrefixConflict { .. }) = &err {
-                        self.update(|s| {
-                            s.set_condition(
-                                ConditionType::PrefixConflict,
-                                true,
-                                "PrefixConflict",
-                                err.to_string(),
-                            )
-                        });
+                    if let Some((condition, reason)) = condition {
+                        self.update(|s| s.set_condition(condition, true, reason, err.to_string()));
                     }
                     self.shutdown.cancelled().await;
                     return LinkEnd::Stopped;
                 }
-                _ => {
-                    let delay = match policy.on_error(class) {
-                        Action::RetryAfter(delay) => {
-                            warn!(class = %class, reason = %err.reason(), "{err}; retrying in {delay:?}");
-                            delay
-                        }
-                        Action::FreshGenesisAfter(delay) => {
-                            if !delay.is_zero() {
-                                warn!(reason = %err.reason(), "fresh genesis in {delay:?} (resyncs in a row back off)");
-                            }
-                            delay
-                        }
-                        Action::Stop => Duration::ZERO,
-                    };
-                    // Never connected yet: still connecting (not ready). Lost a working link:
-                    // degraded (ready, and saying so) while it reconnects.
-                    if self.ever_connected && pending == Pending::Resume {
-                        self.set_phase(Phase::Degraded);
-                    }
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
+                Decision::FreshGenesis { reason, forced } => {
+                    self.note_resync(reason, forced);
+                    pending = Pending::FreshGenesis;
                 }
+                Decision::Retry => {}
+            }
+            let delay = match policy.on_error(class) {
+                Action::RetryAfter(delay) => {
+                    warn!(class = %class, reason = %err.reason(), "{err}; retrying in {delay:?}");
+                    delay
+                }
+                Action::FreshGenesisAfter(delay) => {
+                    if !delay.is_zero() {
+                        warn!(reason = %err.reason(), "fresh genesis in {delay:?} (resyncs in a row back off)");
+                    }
+                    delay
+                }
+                Action::Stop => Duration::ZERO,
+            };
+            // Never connected yet: still connecting (not ready). Lost a working link:
+            // degraded (ready, and saying so) while it reconnects.
+            if self.ever_connected && pending == Pending::Resume {
+                self.set_phase(Phase::Degraded);
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return LinkEnd::Stopped,
+                _ = tokio::time::sleep(delay) => {}
             }
         }
     }

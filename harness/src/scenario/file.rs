@@ -11,7 +11,17 @@
 //!   wrote it, nobody else did;
 //! - `load`, `put` and `del` take `side = "target"` (keys relative to `target.prefix`), and
 //!   `put`/`del` take `checkpoint = true` for the link's checkpoint key (a corrupt-checkpoint
-//!   scenario writes it).
+//!   scenario writes it);
+//! - `load` takes `lease = ID` (and `lease_every = N`: every Nth key) to put keys under a source
+//!   lease, and `revoke lease = ID` revokes it (etcd deletes its keys in one revision);
+//!   `del` and `revoke` take `target_revisions = N`: the agent applies that source revision as
+//!   exactly N target revisions (1: atomically);
+//! - `check_perf` runs `etcdctl check perf` (`load`, `prefix`) against the source;
+//! - `expect` also takes `target_has` / `target_lacks` (keys that must or must not be in the
+//!   target), `min_scan_restarts` / `max_scan_restarts`, `max_peak_rss_mib` (the agent's own
+//!   `peak_rss_bytes`), `max_lag_revisions` with `during`, and `last_error` (a reason);
+//! - `snapshot` / `restore` (`side`, `name`) save a side and later put it back, as an operator
+//!   restoring a cluster from a snapshot would.
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image
 //!   `scripts/image.sh` builds, on the etcd containers' networks; network faults (`cut`, `heal`,
 //!   `delay`) act on the fault proxies, which such agents bypass, so they are refused there.

@@ -142,13 +142,13 @@ impl Run<'_> {
             ops.iter().filter(|op| matches!(op, Op::Put { .. })).map(|op| op.key().to_vec()).collect();
         let (mut out, mut guards) = (Vec::with_capacity(ops.len()), Vec::new());
         let total = ops.len();
+        // A single delete's size, as the run's deletes would be held one by one.
+        let delete_size = |key: &[u8]| key.len() + Op::Delete { key: Vec::new() }.size();
         // The revision's bytes as individual ops, a run's deletes estimated from its first key.
         let unfolded: usize = ops
             .iter()
             .map(|op| match op {
-                Op::DeleteRun { key, count, .. } => {
-                    *count as usize * (key.len() + Op::Delete { key: Vec::new() }.size())
-                }
+                Op::DeleteRun { key, count, .. } => *count as usize * delete_size(key),
                 op => op.size(),
             })
             .sum();
@@ -176,7 +176,7 @@ impl Run<'_> {
                     ops: total,
                     bytes: unfolded,
                     first_key: self.engine.rewriter.redact(&key),
-                    biggest: key.len() + 16,
+                    biggest: delete_size(&key),
                     fault: format!(
                         "{count} of its deletes lie between {} and {}, where the target holds {held} keys{}: they \
                          interleave with keys that stay, too many to hold key by key",

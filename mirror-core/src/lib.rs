@@ -51,7 +51,7 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
-pub use op::Op;
+pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,

@@ -78,3 +78,68 @@ impl Op {
         }
     }
 }
+
+/// Independent ops (scan puts, repairs, prune deletes: no revision to keep whole) packed into
+/// Txns by op count *and* bytes, checked before an op is added, so a chunk of large values never
+/// passes `max_bytes` unless one op alone does.
+#[derive(Debug)]
+pub struct OpChunker {
+    max_ops: usize,
+    max_bytes: usize,
+    ops: Vec<Op>,
+    bytes: usize,
+}
+
+impl OpChunker {
+    /// Chunks of at most `max_ops` ops and `max_bytes` bytes (each at least 1).
+    pub fn new(max_ops: usize, max_bytes: usize) -> OpChunker {
+        OpChunker { max_ops: max_ops.max(1), max_bytes: max_bytes.max(1), ops: Vec::new(), bytes: 0 }
+    }
+
+    /// Adds `op`; returns the full chunk to write first when `op` would not fit beside it.
+    pub fn push(&mut self, op: Op) -> Option<Vec<Op>> {
+        let size = op.size();
+        let full =
+            !self.ops.is_empty() && (self.ops.len() + 1 > self.max_ops || self.bytes + size > self.max_bytes);
+        let flushed = if full { self.take() } else { None };
+        self.bytes += size;
+        self.ops.push(op);
+        flushed
+    }
+
+    /// Takes whatever is pending.
+    pub fn take(&mut self) -> Option<Vec<Op>> {
+        self.bytes = 0;
+        (!self.ops.is_empty()).then(|| std::mem::take(&mut self.ops))
+    }
+
+    /// Ops pending.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod chunker_tests {
+    use super::*;
+
+    /// A chunk is flushed *before* the op that would pass the byte limit, and by op count.
+    #[test]
+    fn op_chunker_checks_bytes_before_adding() {
+        let put = |n: usize| Op::Put { key: b"k".to_vec(), value: vec![0; n] };
+        let mut c = OpChunker::new(10, 1000);
+        assert!(c.push(put(600)).is_none());
+        let first = c.push(put(600)).expect("600 + 600 would pass 1000");
+        assert_eq!(first.len(), 1);
+        let mut c = OpChunker::new(2, 1 << 20);
+        assert!(c.push(put(1)).is_none() && c.push(put(1)).is_none());
+        assert_eq!(c.push(put(1)).map(|v| v.len()), Some(2));
+        assert_eq!(c.take().map(|v| v.len()), Some(1));
+        assert!(c.take().is_none());
+    }
+}

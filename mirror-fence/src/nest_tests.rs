@@ -57,6 +57,20 @@ fn five_thousand_ops_take_three_levels() {
     assert_eq!(depth(&plan(4_000, 128, 1).unwrap()), 2);
 }
 
+/// A Txn of nested Txns is as full as etcd accepts beside the checkpoint put, and never
+/// smaller than a flat Txn, whatever `max_txn_ops` the target has.
+#[test]
+fn nested_capacity_lays_out_at_every_limit() {
+    assert_eq!(nested_txn_capacity(128), 8 * 119);
+    for limit in [2i64, 3, 4, 16, 17, 64, 128, 1000] {
+        let n = nested_txn_capacity(limit);
+        assert!(n >= limit as usize - 1, "{limit}: {n}");
+        // etcd's rule, with the checkpoint put beside the children at the top level.
+        let slots = plan(n, limit as usize, 1).unwrap_or_else(|e| panic!("{limit}: {n} ops: {e}"));
+        assert_eq!(carried(&slots, limit as usize, 1), n);
+    }
+}
+
 proptest! {
     /// Every layout obeys etcd's per-level rule and carries every op exactly once; from a
     /// limit of 48 on, 30 000 ops always fit.

@@ -22,10 +22,18 @@
 //! - Each page asks for a bounded key window (`mirror_core::Stride`), so etcd's per-request count
 //!   walk stays near the page size: the scan is linear in the number of keys, not quadratic.
 //!
+//! - [`ChunkedScan`] runs the scan in a reader task ahead of the writer and cuts it into
+//!   Txn-sized [`ScanChunk`]s that span pages; each names the source key it ends at, the
+//!   `scan_cursor` once it and every chunk before it landed ([`ChunkCutter`], pure and tested).
+//!
 //! ## What it deliberately does not do
-//! It writes nothing: pages are committed under the fence by the agent.
+//! It writes nothing: chunks are committed under the fence by the agent.
 
 use std::time::Duration;
+
+mod chunked;
+
+pub use chunked::{ChunkCutter, ChunkedScan, Cycle, ScanChunk};
 
 use etcd_client::{GetOptions, KeyValue, KvClient};
 use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};

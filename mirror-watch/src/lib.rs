@@ -27,6 +27,9 @@
 //! - [`prove_unchanged`] proves that the source range is the same at a later revision as at
 //!   the watermark without the watch (count at both, no key written since), so an idle prefix
 //!   advances on servers whose progress notifications are not trusted (module `idle`).
+//! - [`Forwarder`] keeps the watch read into a bounded [`ReplayBuffer`] while the agent runs a
+//!   long pass (scan, sweep, reconcile), so etcd never finds the watcher stuck behind a
+//!   compaction; it stops by itself on overflow, compaction or a broken watch, and says which.
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: committing batches under the fence is the agent's job.
@@ -35,21 +38,23 @@ mod batch;
 mod buffer;
 mod coalesce;
 mod events;
+mod forward;
 mod idle;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
-pub use batch::{Batch, OpChunker, Revision, RevisionBatcher};
+pub use batch::{Batch, Revision, RevisionBatcher};
 pub use buffer::{Overflow, ReplayBuffer};
 pub use coalesce::Coalescer;
 pub use events::{
     convert_events, fold_delete_runs, held_revision_bytes, Converted, Fragments, HELD_DELETE_BYTES,
 };
+pub use forward::{ForwardError, Forwarder, Watch};
 pub use idle::{prove_unchanged, IdleProof};
 /// Re-exported: the unit of every batch (it lives in mirror-core, shared with the scan and the
 /// reconcile).
-pub use mirror_core::Op;
+pub use mirror_core::{Op, OpChunker};
 
 /// The largest unfragmented watch response the client accepts. Most responses are far
 /// smaller; a catch-up after downtime bundles up to 1 000 revisions (200 MB of 200 KiB values)

@@ -1,6 +1,12 @@
 //! Committing batches of whole revisions through the fence, with retries by error class.
 
-use super::*;
+use etcd_client::GetOptions;
+use mirror_core::{now_rfc3339, unary, ConditionType, EtcdError, Fault, Side};
+use mirror_fence::{Checkpoint, FenceError};
+use mirror_watch::{Batch, Op, Revision, RevisionBatcher};
+use tracing::{info, warn};
+
+use super::{EngineError, Progress, Refusal, Run};
 
 impl Run<'_> {
     /// Packs whole revisions into batches (flushing at the end: the end of a watch response or
@@ -35,16 +41,7 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         let last = batch.last_revision();
         let ops: Vec<Op> = batch.ops().cloned().collect();
-        let mut next = self.writer().record().clone();
-        next.watermark = last;
-        let done = scan_end.is_some_and(|end| last >= end);
-        if scan_end.is_some() {
-            next.scanning = !done;
-            if done {
-                next.scan_cursor.clear();
-                next.prune_pending = false;
-            }
-        }
+        let next = self.writer().record().applied_to(last, *scan_end);
         let (ops, guards) = self.resolve_runs(ops, last).await?;
         let mut n = ops.len() as u64;
         match self.commit_guarded_with_retry(&ops, next.clone(), guards.clone()).await {
@@ -115,7 +112,7 @@ impl Run<'_> {
                 s.set_condition(ConditionType::ResyncLoopDetected, false, "LiveApply", "");
             }
         });
-        if done {
+        if scan_end.is_some_and(|end| last >= end) {
             self.finish_genesis_if_due(scan_end, last).await?;
         }
         Ok(())
@@ -237,6 +234,13 @@ impl Run<'_> {
         Ok(true)
     }
 
+    /// Commits independent ops under the checkpoint as it stands (a scan chunk redone, a
+    /// repair, the first half of a split): [`Run::commit_independent`] without a transition.
+    pub(super) async fn commit_keep(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+        let same = self.writer().record().clone();
+        self.commit_independent(ops, same).await
+    }
+
     /// Commits independent ops (scan puts, repairs, prune deletes: any subset may land before the
     /// rest) with the checkpoint `next`, whatever the target's limits: the one write path of
     /// every pass that is not the tail (issue #20 defect 5: the scan, sweep, settle and
@@ -262,8 +266,7 @@ impl Run<'_> {
         }
         if ops.len() > 1 {
             let (first, second) = ops.split_at(ops.len() / 2);
-            let same = self.writer().record().clone();
-            Box::pin(self.commit_independent(first, same)).await?;
+            Box::pin(self.commit_keep(first)).await?;
             return Box::pin(self.commit_independent(second, next)).await;
         }
         if e.fault == Fault::RequestTooLarge

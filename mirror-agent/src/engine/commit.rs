@@ -1,7 +1,15 @@
 //! Committing under the fence with retries: transient errors, throttling and a full target are
 //! waited out here (with the conditions they raise), paced by `sync.max_ops_per_second`.
 
-use super::*;
+use std::time::Duration;
+
+use mirror_core::{Action, ConditionType, ErrorClass, Fault, LastError, Phase, RetryPolicy};
+use mirror_fence::{Checkpoint, FenceError};
+use mirror_watch::Op;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::{tls_fingerprint, EngineError, Progress, ReconnectCause, Run};
 
 impl Run<'_> {
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies

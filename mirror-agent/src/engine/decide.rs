@@ -57,10 +57,11 @@ pub(super) fn on_run_error(err: &EngineError) -> Decision {
 
 #[cfg(test)]
 mod tests {
-    use mirror_core::{EtcdError, Side};
+    use mirror_core::{ConditionType, EtcdError, Side};
+    use mirror_fence::FenceError;
 
-    use super::super::{Refusal, Restart, ResyncCause};
-    use super::*;
+    use super::super::{EngineError, ReconnectCause, Refusal, Restart, ResyncCause};
+    use super::{on_run_error, Decision};
 
     fn etcd(code: tonic::Code, message: &str) -> EngineError {
         let status = tonic::Status::new(code, message);

@@ -7,11 +7,15 @@
 //! Leaving on SIGTERM revokes the lease, so a standby takes over at once instead of after
 //! `lease_ttl` (a rolling restart costs one claim, not a TTL of silence).
 
+use std::time::Duration;
+
 use mirror_core::HaStatus;
+use mirror_core::{connect, Action, ConditionType, ErrorClass, EtcdError, Phase, RetryPolicy, Side};
 use mirror_fence::election::{self, Leadership};
+use tracing::{error, info, warn};
 
 use super::run_loop::LinkEnd;
-use super::*;
+use super::Engine;
 
 /// How often a standby refreshes the leader it reports.
 const LEADER_REFRESH: Duration = Duration::from_secs(2);

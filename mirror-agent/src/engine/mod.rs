@@ -77,27 +77,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, KvClient, WatchRequestSender, WatchResponse, WatchResponseStream};
-use futures::StreamExt as _;
-use mirror_core::{
-    connect, connect_to, now_rfc3339, parse_version, probe_members, progress_notify_trustworthy, unary,
-    Config, ErrorClass, EtcdError, Fault, KeyRewriter, LastError, Mode, Phase, Probe, Side, SideStatus,
-    Status, TrustProgressNotify,
-};
-use mirror_fence::{
-    read_checkpoint, read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed, Role,
-};
-use mirror_scan::{count, Scanner};
-use mirror_watch::{
-    convert_events, open_watch, prove_unchanged, Batch, IdleProof, Op, OpChunker, ReplayBuffer, Revision,
-    RevisionBatcher,
-};
-use tokio::sync::Mutex;
+use etcd_client::{Client, KvClient};
+use mirror_core::{Config, ErrorClass, EtcdError, KeyRewriter, Phase, Probe, Status};
+use mirror_fence::{Checkpoint, FenceError, FencedWriter, Role};
+use mirror_watch::{OpChunker, Watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
-
-use mirror_core::{Action, ConditionType, RetryPolicy};
 
 mod apply;
 mod buffering;
@@ -341,21 +326,13 @@ struct Run<'e> {
     /// Comparisons in a row during a drain that found the target behind.
     drain_settles: u32,
     /// Not before this may the tail run another idle proof ([`mirror_watch::prove_unchanged`]):
-    /// proofs read the range keys-only, so they are spaced to at most a fifth of the time.
+    /// proofs read the range keys-only, so they are spaced to at most a fifth of the time, but
+    /// never farther apart than `progress_interval`.
     next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
-    buffering: Option<buffering::Buffering>,
-}
-
-/// The source watch, split so the request half can ask for progress while the response half is
-/// read (or buffered by a forwarder during the scan).
-struct Watch {
-    sender: WatchRequestSender,
-    stream: WatchResponseStream,
-    /// The part of a revision whose response came in fragments, until its last piece.
-    fragments: mirror_watch::Fragments,
+    buffering: Option<mirror_watch::Forwarder>,
 }
 
 impl Run<'_> {
@@ -390,12 +367,12 @@ impl Run<'_> {
     }
 
     /// Packs independent target ops (scan puts, repairs, prune deletes) by what one Txn of
-    /// nested Txns holds beside the checkpoint put ([`genesis::scan_chunk_ops`]), by
+    /// nested Txns holds beside the checkpoint put ([`mirror_fence::nested_txn_capacity`]), by
     /// `txn_flush_bytes`, and, under `max_ops_per_second`, by about a second of ops (never below
     /// a flat Txn), so a paced target gets steady Txns rather than bursts and long pauses.
     fn chunker(&self) -> OpChunker {
         let sync = &self.cfg().sync;
-        let mut ops = genesis::scan_chunk_ops(sync.max_txn_ops);
+        let mut ops = mirror_fence::nested_txn_capacity(sync.max_txn_ops);
         if sync.max_ops_per_second > 0 {
             let flat = (sync.max_txn_ops.max(2) - 1) as usize;
             ops = ops.min((sync.max_ops_per_second as usize).max(flat));

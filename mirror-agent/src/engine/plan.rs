@@ -97,9 +97,11 @@ pub fn plan_start(f: &StartFacts<'_>) -> StartPlan {
 
 #[cfg(test)]
 mod tests {
-    use mirror_fence::Role;
+    use mirror_core::InitialSyncMode;
+    use mirror_fence::{Checkpoint, Role};
 
-    use super::*;
+    use super::super::Pending;
+    use super::{plan_start, StartFacts, StartPlan};
 
     fn stored(scanning: bool, range: &str) -> Checkpoint {
         Checkpoint {

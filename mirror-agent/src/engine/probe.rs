@@ -1,7 +1,12 @@
 //! Connecting both sides: probe every member, check versions, clusters and direction, and hand
 //! a connected [`Run`] to the start planner.
 
-use super::*;
+use mirror_core::{
+    connect_to, parse_version, probe_members, progress_notify_trustworthy, ConditionType, Config, EtcdError,
+    Fault, Phase, Probe, Side, SideStatus, Status, TrustProgressNotify,
+};
+
+use super::{Engine, EngineError, Pending, Refusal, Run};
 
 impl Engine {
     /// A TLS failure before the link ever worked is a wrong config: permanent, named. After it

@@ -1,6 +1,11 @@
 //! Diff-and-repair: the prune sweep, the periodic reconcile pass, and drain verification.
 
-use super::*;
+use mirror_core::{now_rfc3339, ConditionType, ErrorClass, Fault, Phase, Side};
+use mirror_watch::Op;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{EngineError, Refusal, Run};
 
 impl Run<'_> {
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
@@ -47,10 +52,7 @@ impl Run<'_> {
                 None => chunker.take(),
             };
             if let Some(batch) = full {
-                let mut next = self.writer().record().clone();
-                next.watermark = r0;
-                next.scanning = true;
-                next.prune_pending = true;
+                let next = self.writer().record().sweep_progress(r0);
                 deleted += batch.len() as u64;
                 self.commit_independent(&batch, next).await?;
             }
@@ -143,8 +145,7 @@ impl Run<'_> {
             }
             .into());
         }
-        let mut next = self.writer().record().clone();
-        next.role = Role::Primary;
+        let next = self.writer().record().promoted();
         let drained = next.watermark;
         self.commit_with_retry(&[], next).await?;
         info!(
@@ -220,8 +221,7 @@ impl Run<'_> {
             };
             if let Some(batch) = full {
                 let n = batch.len() as u64;
-                let same = self.writer().record().clone();
-                self.commit_independent(&batch, same).await?;
+                self.commit_keep(&batch).await?;
                 repaired += n;
                 // commit_with_retry paced the repair; a long paced pass must not let the
                 // source's events pile up in this process.

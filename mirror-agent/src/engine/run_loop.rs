@@ -1,8 +1,15 @@
 //! The outer loop of one link: connect, run, and on an error decide by class: back off and
 //! reconnect, start a fresh genesis, park in `failed`, or go to cold standby.
 
+use std::time::Duration;
+
+use mirror_core::{connect, Action, ConditionType, Config, ErrorClass, LastError, Phase, RetryPolicy, Side};
+use mirror_fence::{read_checkpoint, Observed, Role};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
 use super::decide::{self, Decision};
-use super::*;
+use super::{Engine, EngineError, Pending, Progress};
 
 /// How a run of the link ended.
 pub(super) enum LinkEnd {

@@ -1,7 +1,11 @@
 //! Settling the target against the source pinned at a revision, for an initial sync or a drain
 //! that ends on an idle source (see the engine module doc).
 
-use super::*;
+use mirror_core::ErrorClass;
+use mirror_watch::{Batch, Revision};
+use tracing::{info, warn};
+
+use super::{EngineError, Run, DRAIN_SETTLE_ATTEMPTS};
 
 impl Run<'_> {
     /// Brings the target to the source's state at `end` by comparison, then moves the watermark
@@ -58,13 +62,11 @@ impl Run<'_> {
                 continue;
             }
             if let Some(batch) = chunker.push(op) {
-                let same = self.writer().record().clone();
-                self.commit_independent(&batch, same).await?;
+                self.commit_keep(&batch).await?;
             }
         }
         if let Some(batch) = chunker.take() {
-            let same = self.writer().record().clone();
-            self.commit_independent(&batch, same).await?;
+            self.commit_keep(&batch).await?;
         }
         if differences > 0 && !repair {
             self.drain_settles += 1;

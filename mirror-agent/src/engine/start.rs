@@ -1,8 +1,17 @@
 //! What a connected run does first: read the checkpoint and decide between tailing, resuming a
 //! scan, and a fresh genesis; claim the fence.
 
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use mirror_core::{now_rfc3339, unary, ConditionType, Side};
+use mirror_fence::{read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed};
+use mirror_scan::count;
+use mirror_watch::{open_watch, Watch};
+use tracing::{info, warn};
+
 use super::plan::{plan_start, StartFacts, StartPlan};
-use super::*;
+use super::{EngineError, Pending, Refusal, Run};
 
 impl Run<'_> {
     /// Reads the checkpoint, plans and claims, and runs the plan. A claim that raced a writer
@@ -41,13 +50,8 @@ impl Run<'_> {
             start_revision: self.cfg().initial_sync.start_revision,
         });
         // Carrying on with a stored record under this agent's epoch, id and range.
-        let resumed = |run: &Self, r: &Checkpoint| {
-            let mut next = r.clone();
-            next.epoch = run.cfg().epoch as u64;
-            next.agent_id = run.engine.agent_id.clone();
-            next.range = ours.clone();
-            next
-        };
+        let resumed =
+            |run: &Self, r: &Checkpoint| r.resumed_by(run.cfg().epoch as u64, &run.engine.agent_id, &ours);
         if let (StartPlan::Tail { .. } | StartPlan::ResumeScan, Some(r)) = (&plan, &stored) {
             self.refuse_source_behind(r.watermark).await?;
         }
@@ -110,9 +114,7 @@ impl Run<'_> {
                     self.timeout(),
                 )
                 .await?;
-                let mut next = self.template(r0);
-                next.scanning = true;
-                next.prune_pending = prune;
+                let next = self.template(r0).scan_progress(r0, Vec::new(), prune);
                 self.claim(observed, next).await?;
                 self.engine.update(|s| {
                     s.initial_sync.total_keys = total;

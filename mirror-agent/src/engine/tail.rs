@@ -1,9 +1,21 @@
 //! The tail: watch responses, progress, and the timers of a running link.
 
+use std::time::Duration;
+
+use etcd_client::WatchResponse;
 use futures::FutureExt as _;
+use mirror_core::{
+    now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Side,
+};
+use mirror_watch::{convert_events, prove_unchanged, Batch, IdleProof, Revision, Watch};
+use tokio::time::Instant;
+use tracing::{debug, info};
 
 use super::buffering::watch_error;
-use super::*;
+use super::{
+    members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
+    FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, TLS_CHECK_INTERVAL,
+};
 
 impl Run<'_> {
     /// The tail. With `genesis = Some((scan_end, replay))`, first applies the replay and keeps
@@ -293,8 +305,10 @@ impl Run<'_> {
             self.cfg().sync.request_timeout.get(),
         )
         .await?;
-        // At most a fifth of the time goes to proofs: each reads the range keys-only.
-        let spacing = started.elapsed() * 4;
+        // At most a fifth of the time goes to proofs (each reads the range keys-only), but
+        // never farther apart than the progress interval: a proof slowed by a starved machine
+        // must not hold the watermark back for four times as long again.
+        let spacing = (started.elapsed() * 4).min(self.cfg().sync.progress_interval.get());
         self.next_idle_proof = Some(Instant::now() + spacing);
         debug!(from, to, ?proof, took = ?started.elapsed(), "idle proof");
         match proof {
@@ -319,10 +333,7 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         if let Some(end) = *scan_end {
             if watermark >= end && self.writer().record().scanning {
-                let mut next = self.writer().record().clone();
-                next.scanning = false;
-                next.scan_cursor.clear();
-                next.prune_pending = false;
+                let next = self.writer().record().genesis_complete();
                 self.commit_with_retry(&[], next).await?;
             }
             if watermark >= end {

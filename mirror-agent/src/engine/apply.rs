@@ -33,6 +33,16 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Moves the watermark to `revision` with a checkpoint-only Txn: the range is proven the
+    /// same there (a trusted progress notification, the idle proof, a settled comparison).
+    pub(super) async fn advance_to(
+        &mut self,
+        revision: i64,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        self.apply(Batch { revisions: vec![Revision { revision, ops: Vec::new() }] }, scan_end).await
+    }
+
     /// Commits one batch with its checkpoint; splits it when the target finds it too big.
     pub(super) async fn apply(
         &mut self,

@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
-use mirror_core::{Action, ConditionType, ErrorClass, Fault, LastError, Phase, RetryPolicy};
+use mirror_core::{ConditionType, Fault, LastError, Phase, RetryPolicy};
 use mirror_fence::{Checkpoint, FenceError};
 use mirror_watch::Op;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::decide::{on_write_error, OnWriteError, WriteTrouble};
 use super::{tls_fingerprint, EngineError, Progress, ReconnectCause, Run};
 
 impl Run<'_> {
@@ -72,14 +73,17 @@ impl Run<'_> {
                 Err(f) => return Err(f.into()),
             };
             let class = err.class();
-            if class == ErrorClass::Transient
-                && (err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files)
-            {
-                // Retrying on this client cannot pick up new TLS files: only a reconnect
-                // reads them. The batch is not lost: nothing past the watermark landed.
-                return Err(EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged));
-            }
-            let Action::RetryAfter(delay) = policy.on_error(class) else { return Err(err.into()) };
+            let tls_changed =
+                err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files;
+            let (delay, drop_watch, degrade, raise) = match on_write_error(class, tls_changed, &mut policy) {
+                OnWriteError::Reconnect => {
+                    return Err(EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged))
+                }
+                OnWriteError::GiveUp => return Err(err.into()),
+                OnWriteError::Retry { after, drop_watch, degrade, raise } => {
+                    (after, drop_watch, degrade, raise)
+                }
+            };
             self.engine.update(|s| {
                 s.last_error = Some(LastError {
                     class: class.to_string(),
@@ -87,37 +91,30 @@ impl Run<'_> {
                     message: format!("{err}; retrying the write in {delay:?}"),
                 })
             });
-            let rounds = policy.rounds();
             debug!(
                 watermark = next.watermark,
                 ops = ops.len(),
-                rounds,
+                rounds = policy.rounds(),
                 "fenced Txn failed, retrying in {delay:?}: {err}"
             );
-            if rounds == 3 && self.watch.take().is_some() {
+            if drop_watch && self.watch.take().is_some() {
                 warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
             }
-            match class {
-                ErrorClass::Quota if rounds == 1 => {
+            if degrade {
+                self.engine.set_phase(Phase::Degraded);
+            }
+            match raise {
+                Some(WriteTrouble::QuotaExhausted) => {
                     error!("target out of space; holding writes and probing");
-                    self.engine.set_phase(Phase::Degraded);
                     self.engine.update(|s| {
                         s.set_condition(ConditionType::TargetQuotaExhausted, true, "NoSpace", err.to_string())
                     });
                 }
-                ErrorClass::Throttle => {
-                    self.engine.update(|s| {
-                        s.set_condition(
-                            ConditionType::TargetThrottled,
-                            true,
-                            "TooManyRequests",
-                            err.to_string(),
-                        )
-                    });
-                }
-                ErrorClass::Transient if rounds == 3 => {
+                Some(WriteTrouble::Throttled) => self.engine.update(|s| {
+                    s.set_condition(ConditionType::TargetThrottled, true, "TooManyRequests", err.to_string())
+                }),
+                Some(WriteTrouble::Unreachable) => {
                     warn!("target unavailable for 3 rounds: {err}");
-                    self.engine.set_phase(Phase::Degraded);
                     self.engine.update(|s| {
                         s.set_condition(
                             ConditionType::TargetReachable,
@@ -127,7 +124,7 @@ impl Run<'_> {
                         )
                     });
                 }
-                _ => {}
+                None => {}
             }
             tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),

@@ -1,10 +1,20 @@
-//! What the run loop does once a run of the link ended in an error: a pure function of the
-//! error, so every case is a row of a table test; the loop only carries the decision out
-//! (waits, status, phase). How long to wait before the next run is the retry policy's
-//! ([`mirror_core::RetryPolicy`]), which has its own tests.
+//! The engine's decisions, apart from the I/O that carries them out, each a pure function so
+//! every case is a row of a table test:
+//! - [`on_run_error`]: what the run loop does once a run of the link ended in an error.
+//! - [`on_write_error`]: what a fenced write does after the target refused it (retry after a
+//!   wait, raise a condition, degrade, drop the watch, reconnect, give up).
+//! - [`on_progress_reply`]: what a watch response without events proves (see the engine doc,
+//!   "Why genesis and drain completion do not rest on an untrusted progress reply").
+//!
+//! How long to wait is the retry policy's ([`mirror_core::RetryPolicy`]), which has its own
+//! tests; the tests here run on paused time where the clock matters (the idle proof's spacing,
+//! how long a failing target takes to show as unreachable).
 
-use mirror_core::{ConditionType, ErrorClass};
+use std::time::Duration;
+
+use mirror_core::{Action, ConditionType, ErrorClass, RetryPolicy};
 use mirror_fence::FenceError;
+use tokio::time::Instant;
 
 use super::{EngineError, ReconnectCause};
 
@@ -55,13 +65,135 @@ pub(super) fn on_run_error(err: &EngineError) -> Decision {
     }
 }
 
+/// The next step after a fenced write failed with an error of some class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OnWriteError {
+    /// Reconnect now: retrying on this client cannot pick up new TLS files. Nothing past the
+    /// watermark landed, so the batch is not lost.
+    Reconnect,
+    /// Not an error a retry can mend: the run ends with it.
+    GiveUp,
+    /// Wait `after`, then write again.
+    Retry {
+        after: Duration,
+        /// Sustained backoff: cancel the source watch, so the source's events wait in the
+        /// source rather than in this process (re-watched from the watermark).
+        drop_watch: bool,
+        /// Phase `degraded`.
+        degrade: bool,
+        /// A condition to raise now.
+        raise: Option<WriteTrouble>,
+    },
+}
+
+/// A condition a failing write raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WriteTrouble {
+    /// `TargetQuotaExhausted=True` (NoSpace).
+    QuotaExhausted,
+    /// `TargetThrottled=True` (TooManyRequests).
+    Throttled,
+    /// `TargetReachable=False`, with the fault as reason.
+    Unreachable,
+}
+
+/// Rounds of one write's retries after which the target counts as unreachable, and the watch
+/// is dropped.
+const SUSTAINED_ROUNDS: u32 = 3;
+
+/// The decision after a fenced write failed with an error of `class`; `tls_changed`: the
+/// error is a TLS rejection or the side's TLS files changed since connect. Advances `policy`.
+pub(super) fn on_write_error(class: ErrorClass, tls_changed: bool, policy: &mut RetryPolicy) -> OnWriteError {
+    if class == ErrorClass::Transient && tls_changed {
+        return OnWriteError::Reconnect;
+    }
+    let Action::RetryAfter(after) = policy.on_error(class) else { return OnWriteError::GiveUp };
+    let rounds = policy.rounds();
+    let raise = match class {
+        ErrorClass::Quota if rounds == 1 => Some(WriteTrouble::QuotaExhausted),
+        ErrorClass::Throttle => Some(WriteTrouble::Throttled),
+        ErrorClass::Transient if rounds == SUSTAINED_ROUNDS => Some(WriteTrouble::Unreachable),
+        _ => None,
+    };
+    OnWriteError::Retry {
+        after,
+        drop_watch: rounds == SUSTAINED_ROUNDS,
+        degrade: matches!(raise, Some(WriteTrouble::QuotaExhausted | WriteTrouble::Unreachable)),
+        raise,
+    }
+}
+
+/// A watch response without events: a created reply or a progress notification, at the
+/// source revision `header`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reply {
+    pub created: bool,
+    pub header: i64,
+}
+
+/// What a reply without events proves, and so what the tail does with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OnReply {
+    /// Nothing to conclude (yet).
+    Wait,
+    /// The source holds nothing newer than the watermark: status may say it is current.
+    Current,
+    /// Everything up to this revision was delivered (a trusted notification): a
+    /// checkpoint-only Txn moves the watermark there.
+    Advance(i64),
+    /// Nothing above the watermark is pending: an initial sync or a drain waiting for it may
+    /// end; `current` says whether the watermark is also proven current.
+    FinishIfDue { current: bool },
+    /// An untrusted notification above the watermark with a proof due: prove the range
+    /// unchanged from the watermark to this revision.
+    ProveIdle(i64),
+}
+
+/// The decision for `reply` at `watermark`; `trusted`: the source's progress notifications
+/// are ordered after its events; `next_proof`: no idle proof before this instant.
+pub(super) fn on_progress_reply(
+    reply: Reply,
+    watermark: i64,
+    trusted: bool,
+    next_proof: Option<Instant>,
+) -> OnReply {
+    let above = reply.header > watermark;
+    if reply.created {
+        // The watch starts at watermark + 1: a created reply at or below the watermark says
+        // the source has nothing newer (etcd 3.5.30 sends no progress notification for such a
+        // watch until the source moves).
+        return if above { OnReply::Wait } else { OnReply::Current };
+    }
+    match (trusted, above) {
+        (true, true) => OnReply::Advance(reply.header),
+        (true, false) => OnReply::FinishIfDue { current: true },
+        (false, false) => OnReply::FinishIfDue { current: false },
+        (false, true) if next_proof.is_some_and(|at| Instant::now() < at) => OnReply::Wait,
+        (false, true) => OnReply::ProveIdle(reply.header),
+    }
+}
+
+/// How long after a proof that took `took` the next may run: at most a fifth of the time goes
+/// to proofs (each reads the range keys-only), but never farther apart than the progress
+/// interval, so a proof slowed by a starved machine does not hold the watermark back for four
+/// times as long again.
+pub(super) fn idle_proof_spacing(took: Duration, progress_interval: Duration) -> Duration {
+    (took * 4).min(progress_interval)
+}
+
 #[cfg(test)]
 mod tests {
-    use mirror_core::{ConditionType, EtcdError, Side};
+    use std::time::Duration;
+
+    use mirror_core::{ConditionType, ErrorClass, EtcdError, RetryPolicy, Side};
     use mirror_fence::FenceError;
+    use tokio::time::Instant;
 
     use super::super::{EngineError, ReconnectCause, Refusal, Restart, ResyncCause};
-    use super::{on_run_error, Decision};
+    use super::{
+        idle_proof_spacing, on_progress_reply, on_run_error, on_write_error, Decision, OnReply, OnWriteError,
+        Reply, WriteTrouble,
+    };
 
     fn etcd(code: tonic::Code, message: &str) -> EngineError {
         let status = tonic::Status::new(code, message);
@@ -123,5 +255,100 @@ mod tests {
         for (err, want) in cases {
             assert_eq!(on_run_error(&err), want, "{err}");
         }
+    }
+
+    /// Each class of write error, round by round, run on paused time so the table states how
+    /// long after the first failure the operator sees each condition (default backoff: 1 s
+    /// doubling to 30 s; throttling from 2 s, threefold; a full target every 30 s).
+    #[tokio::test(start_paused = true)]
+    async fn every_write_error_class_round_by_round() {
+        use ErrorClass::*;
+        use WriteTrouble::*;
+        let s = Duration::from_secs;
+        // (class, tls changed, decision, seconds waited before this error's decision)
+        let rounds: Vec<(ErrorClass, bool, OnWriteError, u64)> = vec![
+            (Transient, false, retry(s(1), false, false, None), 0),
+            (Transient, false, retry(s(2), false, false, None), 1),
+            (Transient, false, retry(s(4), true, true, Some(Unreachable)), 3),
+            (Transient, false, retry(s(8), false, false, None), 7),
+            (Throttle, false, retry(s(2), false, false, Some(Throttled)), 0),
+            (Throttle, false, retry(s(6), false, false, Some(Throttled)), 2),
+            (Throttle, false, retry(s(18), true, false, Some(Throttled)), 8),
+            (Quota, false, retry(s(30), false, true, Some(QuotaExhausted)), 0),
+            (Quota, false, retry(s(30), false, false, None), 30),
+            (Quota, false, retry(s(30), true, false, None), 60),
+            (Transient, true, OnWriteError::Reconnect, 0),
+            (Throttle, true, retry(s(2), false, false, Some(Throttled)), 0),
+            (Permanent, false, OnWriteError::GiveUp, 0),
+            (Resync, false, OnWriteError::GiveUp, 0),
+        ];
+        let mut policy = None;
+        let mut last_class = None;
+        let mut started = Instant::now();
+        for (class, tls_changed, want, waited) in rounds {
+            if last_class != Some(class) || tls_changed {
+                // A new write: fresh policy, fresh clock.
+                policy = Some(RetryPolicy::new(&mirror_core::SyncSection::default()));
+                started = Instant::now();
+            }
+            last_class = Some(class);
+            assert_eq!(started.elapsed(), s(waited), "{class:?}: time before this round");
+            let got = on_write_error(class, tls_changed, policy.as_mut().expect("set above"));
+            assert_eq!(got, want, "{class:?} after {waited} s (tls changed: {tls_changed})");
+            if let OnWriteError::Retry { after, .. } = got {
+                tokio::time::sleep(after).await;
+            }
+        }
+    }
+
+    fn retry(after: Duration, drop_watch: bool, degrade: bool, raise: Option<WriteTrouble>) -> OnWriteError {
+        OnWriteError::Retry { after, drop_watch, degrade, raise }
+    }
+
+    /// Every reply without events, trusted or not, below, at and above the watermark, with the
+    /// idle proof due or not yet (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn every_progress_reply_case() {
+        let w = 100;
+        let reply = |created, header| Reply { created, header };
+        let soon = Some(Instant::now() + Duration::from_secs(2));
+        let cases: Vec<(Reply, bool, Option<Instant>, OnReply)> = vec![
+            // Created replies: current when at or below the watermark, whatever the trust.
+            (reply(true, 90), false, None, OnReply::Current),
+            (reply(true, 100), true, None, OnReply::Current),
+            (reply(true, 101), true, None, OnReply::Wait),
+            (reply(true, 101), false, None, OnReply::Wait),
+            // Trusted notifications.
+            (reply(false, 150), true, None, OnReply::Advance(150)),
+            (reply(false, 150), true, soon, OnReply::Advance(150)),
+            (reply(false, 100), true, None, OnReply::FinishIfDue { current: true }),
+            (reply(false, 90), true, None, OnReply::FinishIfDue { current: true }),
+            // Untrusted: never taken as proof of delivery.
+            (reply(false, 100), false, None, OnReply::FinishIfDue { current: false }),
+            (reply(false, 90), false, soon, OnReply::FinishIfDue { current: false }),
+            (reply(false, 150), false, None, OnReply::ProveIdle(150)),
+            (reply(false, 150), false, soon, OnReply::Wait),
+        ];
+        for (r, trusted, next_proof, want) in cases {
+            assert_eq!(
+                on_progress_reply(r, w, trusted, next_proof),
+                want,
+                "{r:?} trusted {trusted} {next_proof:?}"
+            );
+        }
+        // The spacing runs out on the clock.
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert_eq!(on_progress_reply(reply(false, 150), w, false, soon), OnReply::Wait);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(on_progress_reply(reply(false, 150), w, false, soon), OnReply::ProveIdle(150));
+    }
+
+    /// A proof is followed by four times its length, capped at the progress interval.
+    #[test]
+    fn idle_proofs_are_spaced_but_never_past_the_progress_interval() {
+        let ms = Duration::from_millis;
+        assert_eq!(idle_proof_spacing(ms(10), ms(45_000)), ms(40));
+        assert_eq!(idle_proof_spacing(ms(2_000), ms(500)), ms(500));
+        assert_eq!(idle_proof_spacing(ms(0), ms(500)), ms(0));
     }
 }

@@ -2,7 +2,6 @@
 //! that ends on an idle source (see the engine module doc).
 
 use mirror_core::ErrorClass;
-use mirror_watch::{Batch, Revision};
 use tracing::{info, warn};
 
 use super::{EngineError, Run, DRAIN_SETTLE_ATTEMPTS};
@@ -75,7 +74,6 @@ impl Run<'_> {
         }
         self.drain_settles = 0;
         info!(end, repaired = differences, "target settled at the source's state at {end}");
-        let batch = Batch { revisions: vec![Revision { revision: end, ops: Vec::new() }] };
-        self.apply(batch, scan_end).await
+        self.advance_to(end, scan_end).await
     }
 }

@@ -7,11 +7,12 @@ use futures::FutureExt as _;
 use mirror_core::{
     now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Side,
 };
-use mirror_watch::{convert_events, prove_unchanged, Batch, IdleProof, Revision, Watch};
+use mirror_watch::{convert_events, prove_unchanged, IdleProof, Revision, Watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::buffering::watch_error;
+use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, Reply};
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
     FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, TLS_CHECK_INTERVAL,
@@ -245,39 +246,30 @@ impl Run<'_> {
         }
         let header_rev = resp.header().map_or(0, |h| h.revision());
         self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
-        if resp.created() && resp.events().is_empty() {
-            // The watch starts at watermark + 1; a created reply whose header is at or below the
-            // watermark says the source has nothing newer: the watermark is current. (etcd
-            // 3.5.30 sends no progress notification for such a watch until the source moves.)
-            if header_rev <= self.writer().record().watermark {
-                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
-            }
-            return Ok(());
-        }
         let watermark = self.writer().record().watermark;
-        if resp.events().is_empty() {
-            // A progress notification. Only a trusted one proves that nothing at or below
-            // header_rev is still to come (see the module doc).
-            if self.trust {
-                if header_rev > watermark {
-                    let batch = Batch { revisions: vec![Revision { revision: header_rev, ops: Vec::new() }] };
-                    self.apply(batch, scan_end).await?;
-                } else {
-                    self.finish_genesis_if_due(scan_end, watermark).await?;
+        if !resp.events().is_empty() {
+            let converted = self.convert(&resp, watermark);
+            return self.apply_revisions(converted.revisions, scan_end).await;
+        }
+        // A created reply or a progress notification: only a trusted one proves that nothing
+        // at or below its revision is still to come (see the module doc).
+        let reply = Reply { created: resp.created(), header: header_rev };
+        match on_progress_reply(reply, watermark, self.trust, self.next_idle_proof) {
+            OnReply::Wait => Ok(()),
+            OnReply::Current => {
+                self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
+                Ok(())
+            }
+            OnReply::Advance(to) => self.advance_to(to, scan_end).await,
+            OnReply::FinishIfDue { current } => {
+                self.finish_genesis_if_due(scan_end, watermark).await?;
+                if current {
                     self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
                 }
-                return Ok(());
+                Ok(())
             }
-            if header_rev <= watermark {
-                return self.finish_genesis_if_due(scan_end, watermark).await;
-            }
-            if self.next_idle_proof.is_some_and(|at| Instant::now() < at) {
-                return Ok(());
-            }
-            return self.prove_idle(header_rev, scan_end).await;
+            OnReply::ProveIdle(to) => self.prove_idle(to, scan_end).await,
         }
-        let converted = self.convert(&resp, watermark);
-        self.apply_revisions(converted.revisions, scan_end).await
     }
 
     /// The whole revisions of a data response above `floor`, joined across fragments.
@@ -305,16 +297,12 @@ impl Run<'_> {
             self.cfg().sync.request_timeout.get(),
         )
         .await?;
-        // At most a fifth of the time goes to proofs (each reads the range keys-only), but
-        // never farther apart than the progress interval: a proof slowed by a starved machine
-        // must not hold the watermark back for four times as long again.
-        let spacing = (started.elapsed() * 4).min(self.cfg().sync.progress_interval.get());
+        let spacing = idle_proof_spacing(started.elapsed(), self.cfg().sync.progress_interval.get());
         self.next_idle_proof = Some(Instant::now() + spacing);
         debug!(from, to, ?proof, took = ?started.elapsed(), "idle proof");
         match proof {
             IdleProof::Unchanged => {
-                let batch = Batch { revisions: vec![Revision { revision: to, ops: Vec::new() }] };
-                self.apply(batch, scan_end).await?;
+                self.advance_to(to, scan_end).await?;
                 self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
                 Ok(())
             }

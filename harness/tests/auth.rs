@@ -94,11 +94,12 @@ async fn wrong_password_is_permanent_and_names_the_side() {
     let status =
         agent.wait_for("failed", Duration::from_secs(60), |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().unwrap();
-    assert_eq!(err.class, "permanent", "{status:#?}");
+    assert_eq!(err.class, mirror_core::ErrorClass::Permanent, "{status:#?}");
     assert_eq!(err.reason, "AuthFailed", "{status:#?}");
     assert!(err.message.contains("target"), "{}", err.message);
-    let cond = status.conditions.iter().find(|c| c.type_ == "TargetReachable").unwrap();
-    assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", "AuthFailed"));
+    let cond =
+        status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::TargetReachable).unwrap();
+    assert_eq!((cond.status, cond.reason.as_str()), (false, "AuthFailed"));
     assert!(!agent.log().contains("not-the-password"), "the password must never be logged");
 }
 

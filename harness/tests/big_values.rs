@@ -74,7 +74,11 @@ async fn large_values_sync_reconcile_verify_and_cut_over(#[case] version: EtcdVe
         String::from_utf8_lossy(&out.stderr)
     );
     let status = agent.status().await.unwrap();
-    assert!(status.last_error.as_ref().is_none_or(|e| e.class != "permanent"), "{:?}", status.last_error);
+    assert!(
+        status.last_error.as_ref().is_none_or(|e| e.class != mirror_core::ErrorClass::Permanent),
+        "{:?}",
+        status.last_error
+    );
 }
 
 /// Issue #20 defect 5: a value the source accepted under the same `--max-request-bytes` (64 KiB

@@ -329,7 +329,7 @@ async fn oversized_revision_fails_permanently_unapplied() {
     let revision = big.header().unwrap().revision();
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.unwrap();
-    assert_eq!(err.class, "permanent");
+    assert_eq!(err.class, mirror_core::ErrorClass::Permanent);
     assert_eq!(err.reason, "RevisionTooLarge");
     assert!(err.message.contains(&format!("source revision {revision} (20 ops")), "{}", err.message);
     assert!(err.message.contains("/b/…"), "key must be shown redacted: {}", err.message);

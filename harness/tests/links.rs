@@ -28,7 +28,11 @@ async fn nested_link_is_never_pruned() {
     let a = AgentProcess::start(&a_cfg).await.unwrap();
     let status = a.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().expect("a last error");
-    assert_eq!((err.class.as_str(), err.reason.as_str()), ("permanent", "PrefixConflict"), "{err:?}");
+    assert_eq!(
+        (err.class, err.reason.as_str()),
+        (mirror_core::ErrorClass::Permanent, "PrefixConflict"),
+        "{err:?}"
+    );
     assert!(err.message.contains("\"link-b\""), "names the other link: {}", err.message);
     assert!(status.condition(mirror_core::ConditionType::PrefixConflict));
 

@@ -31,10 +31,11 @@ async fn fails_with(cfg: &AgentConfig, reason: &str) -> String {
     let status =
         agent.wait_for("failed", Duration::from_secs(60), |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().unwrap();
-    assert_eq!((err.class.as_str(), err.reason.as_str()), ("permanent", reason), "{status:#?}");
+    assert_eq!((err.class, err.reason.as_str()), (mirror_core::ErrorClass::Permanent, reason), "{status:#?}");
     assert!(err.message.contains("target"), "{}", err.message);
-    let cond = status.conditions.iter().find(|c| c.type_ == "TargetReachable").unwrap();
-    assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("False", reason), "{status:#?}");
+    let cond =
+        status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::TargetReachable).unwrap();
+    assert_eq!((cond.status, cond.reason.as_str()), (false, reason), "{status:#?}");
     assert_eq!(status.keys_applied_total, 0);
     err.message
 }

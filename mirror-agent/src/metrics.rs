@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use mirror_core::{ConditionType, Phase, Status};
+use mirror_core::{ConditionType, ErrorClass, Phase, Status};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -211,11 +211,9 @@ impl Collector for StatusCollector {
             "1 while forced resyncs or genesis restarts repeat with no live apply",
             flag(ConditionType::ResyncLoopDetected),
         )?;
-        let current = s.last_error.as_ref().map(|e| e.class.as_str());
-        let classes: Vec<(String, i64)> = ["transient", "throttle", "quota", "resync", "permanent"]
-            .iter()
-            .map(|c| ((*c).to_owned(), i64::from(current == Some(*c))))
-            .collect();
+        let current = s.last_error.as_ref().map(|e| e.class);
+        let classes: Vec<(String, i64)> =
+            ErrorClass::ALL.iter().map(|c| (c.to_string(), i64::from(current == Some(*c)))).collect();
         labelled_gauges(
             &mut e,
             "last_error",

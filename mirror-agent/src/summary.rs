@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use mirror_core::{ConditionType, Phase, Status};
+use mirror_core::{Phase, Status};
 
 /// ANSI styles, or nothing.
 struct Paint(bool);
@@ -150,16 +150,11 @@ pub fn render(s: &Status, colour: bool) -> String {
     let unhealthy: Vec<String> = s
         .conditions
         .iter()
-        .filter(|c| {
-            // A condition this build does not know (a newer agent's status) counts as a problem
-            // when True.
-            let healthy = c.type_.parse::<ConditionType>().map_or(Some(false), ConditionType::healthy_when);
-            healthy.is_some_and(|h| (c.status == "True") != h)
-        })
+        .filter(|c| c.type_.healthy_when().is_some_and(|healthy| c.status != healthy))
         .map(|c| {
             let detail =
                 if c.message.is_empty() { c.reason.clone() } else { format!("{}: {}", c.reason, c.message) };
-            format!("  {}={} ({detail})", c.type_, c.status)
+            format!("  {}={} ({detail})", c.type_, c.status_name())
         })
         .collect();
     if unhealthy.is_empty() {
@@ -254,7 +249,7 @@ mod tests {
             "5 keys in the target",
         );
         s.last_error = Some(LastError {
-            class: "permanent".into(),
+            class: mirror_core::ErrorClass::Permanent,
             reason: "EmptyTargetViolation".into(),
             message: "initial_sync.mode = require_empty but the target range holds 5 keys".into(),
         });

@@ -2,20 +2,75 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One condition, Kubernetes style.
+/// One condition, Kubernetes style. On the wire (`/statusz`) the type is its SPEC §7 name and
+/// the status `"True"` or `"False"`; in code both are typed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Condition {
-    /// The condition name, e.g. `Available`.
+    /// The condition, e.g. `Available`.
     #[serde(rename = "type")]
-    pub type_: String,
-    /// `"True"` or `"False"`.
-    pub status: String,
+    pub type_: ConditionType,
+    /// Whether it holds (`"True"` / `"False"`).
+    #[serde(with = "true_false")]
+    pub status: bool,
     /// CamelCase reason.
     pub reason: String,
     /// Human-readable detail.
     pub message: String,
     /// When `status` last changed (RFC 3339).
     pub since: String,
+}
+
+impl Condition {
+    /// The status as `/statusz` shows it: `True` or `False`.
+    pub fn status_name(&self) -> &'static str {
+        if self.status {
+            "True"
+        } else {
+            "False"
+        }
+    }
+}
+
+/// A condition's status as Kubernetes writes it.
+mod true_false {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(on: &bool, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if *on { "True" } else { "False" })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            other => {
+                Err(serde::de::Error::custom(format!("condition status {other:?} is neither True nor False")))
+            }
+        }
+    }
+}
+
+/// The conditions of a status read from an agent: a condition type this build does not know (a
+/// newer agent's) is dropped rather than failing the whole read.
+pub(crate) fn known_conditions<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
+    #[derive(Deserialize)]
+    struct Wire {
+        #[serde(rename = "type")]
+        type_: String,
+        #[serde(with = "true_false")]
+        status: bool,
+        reason: String,
+        message: String,
+        since: String,
+    }
+    let wire = Vec::<Wire>::deserialize(d)?;
+    Ok(wire
+        .into_iter()
+        .filter_map(|w| {
+            let type_ = w.type_.parse().ok()?;
+            Some(Condition { type_, status: w.status, reason: w.reason, message: w.message, since: w.since })
+        })
+        .collect())
 }
 
 /// The condition types of SPEC §7, and `DrainVerificationFailed`. The engine names conditions
@@ -148,6 +203,18 @@ impl std::fmt::Display for ConditionType {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is no condition type")]
 pub struct UnknownCondition(pub String);
+
+impl Serialize for ConditionType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ConditionType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 impl std::str::FromStr for ConditionType {
     type Err = UnknownCondition;

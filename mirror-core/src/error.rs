@@ -14,7 +14,7 @@ use tonic::Code;
 pub use crate::side::Side;
 
 /// What the engine does about an error (SPEC §5 table).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
     /// History the agent needs is gone: forced resync with a mandatory prune.
@@ -27,6 +27,17 @@ pub enum ErrorClass {
     Permanent,
     /// Retry with exponential backoff and re-watch from the watermark.
     Transient,
+}
+
+impl ErrorClass {
+    /// Every class, in the order `etcd_mirror_last_error` lists them.
+    pub const ALL: [ErrorClass; 5] = [
+        ErrorClass::Transient,
+        ErrorClass::Throttle,
+        ErrorClass::Quota,
+        ErrorClass::Resync,
+        ErrorClass::Permanent,
+    ];
 }
 
 impl fmt::Display for ErrorClass {

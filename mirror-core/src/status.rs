@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::{Condition, ConditionType};
+use crate::error::ErrorClass;
 
 /// Where the agent is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,10 +158,10 @@ pub struct CutoverStatus {
 }
 
 /// The last error the engine met.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LastError {
     /// `resync`, `quota`, `throttle`, `permanent`, `transient`.
-    pub class: String,
+    pub class: ErrorClass,
     /// A CamelCase reason, e.g. `TooManyOps`.
     pub reason: String,
     /// Human-readable, keys redacted.
@@ -230,6 +231,7 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded_keys_in_target: Vec<ExcludedKeys>,
     /// Conditions.
+    #[serde(deserialize_with = "crate::condition::known_conditions")]
     pub conditions: Vec<Condition>,
     /// Cutover record, once draining.
     pub cutover: Option<CutoverStatus>,
@@ -281,21 +283,19 @@ impl Status {
         reason: &str,
         message: impl Into<String>,
     ) {
-        let type_ = type_.as_str();
-        let status = if on { "True" } else { "False" };
         let message = message.into();
         match self.conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(c) => {
-                if c.status != status {
+                if c.status != on {
                     c.since = now_rfc3339();
                 }
-                c.status = status.into();
+                c.status = on;
                 c.reason = reason.into();
                 c.message = message;
             }
             None => self.conditions.push(Condition {
-                type_: type_.into(),
-                status: status.into(),
+                type_,
+                status: on,
                 reason: reason.into(),
                 message,
                 since: now_rfc3339(),
@@ -305,7 +305,7 @@ impl Status {
 
     /// Whether a condition is currently true.
     pub fn condition(&self, type_: ConditionType) -> bool {
-        self.conditions.iter().any(|c| c.type_ == type_.as_str() && c.status == "True")
+        self.conditions.iter().any(|c| c.type_ == type_ && c.status)
     }
 }
 
@@ -329,6 +329,32 @@ mod tests {
         assert!(s.condition(ConditionType::Available));
         s.set_condition(ConditionType::Available, false, "Fenced", "");
         assert!(!s.condition(ConditionType::Available));
+    }
+
+    /// Conditions keep SPEC §7's wire form (`"type": "Available"`, `"status": "True"`) while
+    /// typed in code; a condition type this build does not know is dropped on read, not fatal.
+    #[test]
+    fn conditions_are_typed_in_code_and_named_on_the_wire() {
+        let mut s = Status::default();
+        s.set_condition(ConditionType::TargetReachable, false, "Probe", "down");
+        s.last_error = Some(LastError {
+            class: ErrorClass::Throttle,
+            reason: "TooManyRequests".into(),
+            message: String::new(),
+        });
+        let wire = serde_json::to_value(&s).unwrap();
+        assert_eq!(wire["conditions"][0]["type"], "TargetReachable");
+        assert_eq!(wire["conditions"][0]["status"], "False");
+        assert_eq!(wire["last_error"]["class"], "throttle");
+        let mut newer = wire.clone();
+        let mut unknown = newer["conditions"][0].clone();
+        unknown["type"] = "SomethingNewer".into();
+        newer["conditions"].as_array_mut().unwrap().push(unknown);
+        let read: Status = serde_json::from_value(newer).unwrap();
+        assert_eq!(read, s);
+        let mut bad = wire;
+        bad["conditions"][0]["status"] = "Unknown".into();
+        assert!(serde_json::from_value::<Status>(bad).is_err(), "a status is True or False");
     }
 
     /// Phases serialise to the names of SPEC §7.

@@ -564,11 +564,11 @@ impl<'a> Run<'a> {
             }
             Until::Condition(t, want, reason) => {
                 let s = self.status(id).await?;
-                let c = s.conditions.iter().find(|c| c.type_ == t.as_str());
-                let now = c.map(|c| c.status == "True");
+                let c = s.conditions.iter().find(|c| c.type_ == *t);
+                let now = c.map(|c| c.status);
                 let reason_ok = reason.as_ref().is_none_or(|r| c.is_some_and(|c| c.reason == *r));
                 Ok((now != Some(*want) || !reason_ok).then(|| match c {
-                    Some(c) => format!("{t}={} ({}: {})", c.status, c.reason, c.message),
+                    Some(c) => format!("{t}={} ({}: {})", c.status_name(), c.reason, c.message),
                     None => format!("{t} not reported"),
                 }))
             }

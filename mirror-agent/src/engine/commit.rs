@@ -86,7 +86,7 @@ impl Run<'_> {
             };
             self.engine.update(|s| {
                 s.last_error = Some(LastError {
-                    class: class.to_string(),
+                    class,
                     reason: format!("{:?}", err.fault),
                     message: format!("{err}; retrying the write in {delay:?}"),
                 })

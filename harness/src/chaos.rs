@@ -14,7 +14,8 @@ use std::time::Duration;
 use mirror_core::HumanDuration;
 
 use crate::load::SplitMix64;
-use crate::scenario::{MemberRef, RevisionRef, Scenario, SideName, Signal, Step};
+use crate::scenario::step::{self as kinds, Step};
+use crate::scenario::{parse_until, MemberRef, RevisionRef, Scenario, SideName, Signal};
 
 /// A fault the schedule may pick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,18 +93,18 @@ impl Schedule {
         self.rng.next() % n.max(1)
     }
 
-    fn step(&mut self, step: &Step) {
+    fn step(&mut self, step: &dyn Step) {
         self.step_with(step, "");
     }
 
-    fn step_with(&mut self, step: &Step, extra: &str) {
+    fn step_with(&mut self, step: &dyn Step, extra: &str) {
         let body = toml::to_string(step).expect("a step serializes");
         let _ = write!(self.text, "[[step]]\n{extra}{body}");
     }
 
     fn sleep(&mut self, millis: u64) {
         self.seconds += millis as f64 / 1e3;
-        self.step(&Step::Sleep { for_: HumanDuration(Duration::from_millis(millis)) });
+        self.step(&kinds::Sleep { for_: HumanDuration(Duration::from_millis(millis)) });
     }
 
     fn hold(&mut self) {
@@ -128,15 +129,15 @@ impl Schedule {
         match fault {
             Fault::AgentKill | Fault::AgentRestart => {
                 let signal = if fault == Fault::AgentKill { Signal::Kill } else { Signal::Term };
-                self.step(&Step::StopAgent { id: id.clone(), signal });
+                self.step(&kinds::StopAgent { id: id.clone(), signal });
                 let ms = self.below(1_500);
                 self.sleep(ms);
-                self.step(&Step::StartAgent { id, epoch: None, toml: None });
+                self.step(&kinds::StartAgent { id, epoch: None, toml: None });
             }
             Fault::AgentStop => {
-                self.step(&Step::StopAgent { id: id.clone(), signal: Signal::Stop });
+                self.step(&kinds::StopAgent { id: id.clone(), signal: Signal::Stop });
                 self.hold();
-                self.step(&Step::StopAgent { id, signal: Signal::Cont });
+                self.step(&kinds::StopAgent { id, signal: Signal::Cont });
             }
             Fault::MemberKill | Fault::LeaderKill | Fault::MemberPause => {
                 let side = self.side();
@@ -145,53 +146,53 @@ impl Schedule {
                     _ => MemberRef::Index(self.below(3) as usize),
                 };
                 if fault == Fault::MemberPause {
-                    self.step(&Step::PauseMember { side, member: member.clone() });
+                    self.step(&kinds::PauseMember { side, member: member.clone() });
                     self.hold();
-                    self.step(&Step::ResumeMember { side, member });
+                    self.step(&kinds::ResumeMember { side, member });
                 } else {
-                    self.step(&Step::KillMember { side, member });
+                    self.step(&kinds::KillMember { side, member });
                     self.hold();
-                    self.step(&Step::StartMember { side, member: None });
+                    self.step(&kinds::StartMember { side, member: None });
                 }
             }
             Fault::Partition | Fault::Delay => {
                 let side = self.side();
                 if fault == Fault::Partition {
-                    self.step(&Step::Partition { side });
+                    self.step(&kinds::Partition { side });
                 } else {
                     let ms = 50 + self.below(400);
-                    self.step(&Step::Delay { side, ms });
+                    self.step(&kinds::Delay { side, ms });
                 }
                 self.hold();
-                self.step(&Step::Heal { side });
+                self.step(&kinds::Heal { side });
             }
-            Fault::Compaction => self.step(&Step::Compact {
+            Fault::Compaction => self.step(&kinds::Compact {
                 side: SideName::Source,
                 revision: RevisionRef::Named("current".into()),
             }),
             Fault::Defrag => {
                 let side = self.side();
-                self.step(&Step::Defrag { side });
+                self.step(&kinds::Defrag { side });
             }
             Fault::FenceBump => {
                 self.agent += 1;
                 let next = self.id();
-                self.step(&Step::StartAgent {
+                self.step(&kinds::StartAgent {
                     id: next.clone(),
                     epoch: Some(u64::from(self.agent) + 1),
                     toml: None,
                 });
-                self.step(&Step::Wait {
-                    until: "phase:standby".into(),
+                self.step(&kinds::Wait {
+                    until: parse_until("phase:standby").expect("a state"),
                     timeout: HumanDuration::secs(90),
                     agent: id.clone(),
                 });
-                self.step(&Step::StopAgent { id, signal: Signal::Term });
+                self.step(&kinds::StopAgent { id, signal: Signal::Term });
             }
             Fault::BigRevision => {
                 self.big += 1;
                 let prefix = format!("big-{}/", self.big);
-                self.step(&Step::Load {
+                self.step(&kinds::Load {
                     side: SideName::Source,
                     keys: 500,
                     value_size: 32,
@@ -199,18 +200,18 @@ impl Schedule {
                     lease: None,
                     lease_every: None,
                 });
-                self.step(&Step::Del {
+                self.step(&kinds::Del {
                     side: SideName::Source,
                     checkpoint: false,
                     key: None,
                     prefix: Some(prefix),
                     target_revisions: None,
                 });
-                self.step(&Step::Txn { ops: 128, value_size: 32, prefix: format!("txn-{}/", self.big) });
+                self.step(&kinds::Txn { ops: 128, value_size: 32, prefix: format!("txn-{}/", self.big) });
             }
             Fault::BigValues => {
                 for i in 0..3 {
-                    self.step(&Step::Put {
+                    self.step(&kinds::Put {
                         side: SideName::Source,
                         key: Some(format!("large-{i}")),
                         checkpoint: false,
@@ -234,7 +235,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
          [agent]\ntoml = '''\n[sync]\nrequest_timeout = \"2s\"\ndial_timeout = \"1s\"\n'''\n\n",
         duration.as_secs()
     );
-    s.step(&Step::Load {
+    s.step(&kinds::Load {
         side: SideName::Source,
         keys: 2_000,
         value_size: 100,
@@ -242,14 +243,14 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         lease: None,
         lease_every: None,
     });
-    s.step(&Step::StartAgent { id: "a".into(), epoch: None, toml: None });
-    s.step(&Step::Wait {
-        until: "condition:InitialSyncComplete=True".into(),
+    s.step(&kinds::StartAgent { id: "a".into(), epoch: None, toml: None });
+    s.step(&kinds::Wait {
+        until: parse_until("condition:InitialSyncComplete=True").expect("a state"),
         timeout: HumanDuration::secs(90),
         agent: "a".into(),
     });
     s.step_with(
-        &Step::Churn { ops, rate: CHURN_RATE, keyspace: 3_000, value_size: 100, prefix: "churn/".into() },
+        &kinds::Churn { ops, rate: CHURN_RATE, keyspace: 3_000, value_size: 100, prefix: "churn/".into() },
         "background = true\n",
     );
     while s.seconds < duration.as_secs_f64() && !faults.is_empty() {
@@ -260,14 +261,18 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
     }
     // Heal everything, then judge.
     for side in [SideName::Source, SideName::Target] {
-        s.step(&Step::Heal { side });
-        s.step(&Step::StartMember { side, member: None });
+        s.step(&kinds::Heal { side });
+        s.step(&kinds::StartMember { side, member: None });
     }
-    s.step(&Step::Wait { until: "background".into(), timeout: HumanDuration::secs(300), agent: "a".into() });
+    s.step(&kinds::Wait {
+        until: parse_until("background").expect("a state"),
+        timeout: HumanDuration::secs(300),
+        agent: "a".into(),
+    });
     let id = s.id();
-    s.step(&Step::Expect {
+    s.step(&kinds::Expect {
         equal: Some(true),
-        phase: Some("syncing".into()),
+        phase: Some(mirror_core::Phase::Syncing),
         condition: None,
         forced_resyncs: None,
         g3: Some("held".into()),
@@ -285,7 +290,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });
-    s.step(&Step::Verify { id, expect: 0 });
+    s.step(&kinds::Verify { id, expect: 0 });
     s.text
 }
 
@@ -326,7 +331,7 @@ mod tests {
         assert_eq!(a, schedule(42, Duration::from_secs(60), &all));
         assert_ne!(a, schedule(43, Duration::from_secs(60), &all));
         let parsed = Scenario::parse(&a).unwrap();
-        let kinds: Vec<&str> = parsed.steps.iter().map(|s| s.step.kind()).collect();
+        let kinds: Vec<String> = parsed.steps.iter().map(|s| kinds::kind(s.step.as_ref())).collect();
         assert!(kinds.len() > 10, "{kinds:?}");
         assert_eq!(&kinds[kinds.len() - 2..], ["expect", "verify"]);
         let pauses = kinds.iter().filter(|k| **k == "pause_member").count();
@@ -334,12 +339,12 @@ mod tests {
         let stops = parsed
             .steps
             .iter()
-            .filter(|s| matches!(s.step, Step::StopAgent { signal: Signal::Stop, .. }))
+            .filter(|s| toml::to_string(s.step.as_ref()).unwrap().contains("signal = \"STOP\""))
             .count();
         let conts = parsed
             .steps
             .iter()
-            .filter(|s| matches!(s.step, Step::StopAgent { signal: Signal::Cont, .. }))
+            .filter(|s| toml::to_string(s.step.as_ref()).unwrap().contains("signal = \"CONT\""))
             .count();
         assert_eq!(stops, conts);
     }

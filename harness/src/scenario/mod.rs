@@ -68,11 +68,13 @@ pub async fn g3_of(source: &EtcdCluster, target: &EtcdCluster, config: &AgentCon
     check_g3(&mut s, &mut t, &parsed.rewriter(), &parsed.checkpoint_key()).await
 }
 
+mod checker;
 mod file;
 mod run;
+pub mod step;
+mod world;
 
-pub use file::{
-    parse_condition, parse_until, AgentKind, MemberRef, RevisionRef, Scenario, SideName, SideSpec, Signal,
-    Step, StepAt, Until,
-};
+pub use file::{AgentKind, Scenario, SideSpec, StepAt};
 pub use run::{run, run_file, RunOptions};
+pub use step::{parse_condition, parse_until, MemberRef, RevisionRef, SideName, Signal, Step, Until};
+pub use world::World;

@@ -1,0 +1,136 @@
+//! Steps on the agents: `start_agent`, `stop_agent`, `reload_agent`, and the one-shot
+//! commands `cutover` and `verify`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{agent_a, is_a, is_zero, Signal, Step};
+use crate::scenario::world::World;
+
+/// Starts (or restarts) agent `id`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartAgent {
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// Its epoch (default 1, or what it had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// TOML merged over `[agent] toml` for this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toml: Option<String>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "start_agent")]
+impl Step for StartAgent {
+    fn check(&self) -> anyhow::Result<()> {
+        check_toml(self.toml.as_deref().unwrap_or_default())
+    }
+
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        world.start_agent(&self.id, self.epoch, self.toml.as_deref()).await
+    }
+}
+
+/// Signals agent `id`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopAgent {
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// TERM (default), KILL, STOP or CONT.
+    #[serde(default)]
+    pub signal: Signal,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "stop_agent")]
+impl Step for StopAgent {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        world.stop_agent(&self.id, self.signal).await
+    }
+}
+
+/// Merges `toml` into agent `id`'s config and sends SIGHUP.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadAgent {
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// TOML merged over its config.
+    #[serde(default)]
+    pub toml: String,
+    /// A new epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "reload_agent")]
+impl Step for ReloadAgent {
+    fn check(&self) -> anyhow::Result<()> {
+        check_toml(&self.toml)
+    }
+
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let agent = world.agent(&self.id)?;
+        let mut config = agent.config.clone().overlay(&self.toml);
+        if let Some(e) = self.epoch {
+            config = config.epoch(e);
+        }
+        agent.config = config.clone();
+        agent.process.reload(config)?;
+        Ok(String::new())
+    }
+}
+
+/// `mirror-agent cutover` with agent `id`'s config.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cutover {
+    /// Agent id whose config is used.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// Extra arguments, e.g. `["--wait"]`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Expected exit code.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expect: i32,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "cutover")]
+impl Step for Cutover {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        world.one_shot(&self.id, "cutover", &args, self.expect).await
+    }
+}
+
+/// `mirror-agent verify` with agent `id`'s config.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verify {
+    /// Agent id whose config is used.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// Expected exit code.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expect: i32,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "verify")]
+impl Step for Verify {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        world.one_shot(&self.id, "verify", &[], self.expect).await
+    }
+}
+
+fn check_toml(text: &str) -> anyhow::Result<()> {
+    text.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("toml: {e}")).map(drop)
+}

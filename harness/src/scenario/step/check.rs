@@ -1,0 +1,454 @@
+//! Steps that wait and check: `sleep`, `wait`, `expect`. Their states (`until`, `condition`)
+//! are parsed into typed values when the file is read, so a typo fails the file, not the run.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use mirror_core::{ConditionType, HumanDuration, Phase};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::{agent_a, is_a, sixty, Step};
+use crate::scenario::world::World;
+use crate::{check_g3, G3};
+
+/// Sleeps.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sleep {
+    /// How long.
+    #[serde(rename = "for")]
+    pub for_: HumanDuration,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "sleep")]
+impl Step for Sleep {
+    fn detachable(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, _world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        tokio::time::sleep(self.for_.get()).await;
+        Ok(String::new())
+    }
+
+    async fn run_detached(&self, _sides: super::Sides, _seed: u64) -> anyhow::Result<String> {
+        tokio::time::sleep(self.for_.get()).await;
+        Ok(String::new())
+    }
+}
+
+/// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"`, `"equal"`,
+/// `"caught_up"` or `"background"`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wait {
+    /// The state.
+    pub until: Until,
+    /// Fails after this.
+    #[serde(default = "sixty")]
+    pub timeout: HumanDuration,
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub agent: String,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "wait")]
+impl Step for Wait {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let timeout = self.timeout.get();
+        world
+            .poll_until(&self.until, &self.agent, Instant::now() + timeout)
+            .await
+            .map_err(|why| anyhow::anyhow!("not reached within {timeout:?}: {why}"))?;
+        Ok(String::new())
+    }
+}
+
+/// What a `wait` waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Until {
+    /// The agent's phase.
+    Phase(Phase),
+    /// A condition's status, and its reason when given (`TYPE=True/REASON`).
+    Condition(ConditionIs),
+    /// Target == source.
+    Equal,
+    /// Every background step has finished.
+    Background,
+    /// The agent's `last_error.reason` (`"last_error:REASON"`).
+    LastError(String),
+    /// The agent's watermark has reached the source's head revision: it has applied (or proved
+    /// idle) everything written so far and has nothing left to commit.
+    CaughtUp,
+}
+
+impl TryFrom<String> for Until {
+    type Error = anyhow::Error;
+
+    fn try_from(until: String) -> anyhow::Result<Until> {
+        parse_until(&until)
+    }
+}
+
+impl From<Until> for String {
+    fn from(until: Until) -> String {
+        until.to_string()
+    }
+}
+
+impl fmt::Display for Until {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Until::Phase(p) => write!(f, "phase:{}", p.as_str()),
+            Until::Condition(c) => write!(f, "condition:{c}"),
+            Until::Equal => f.write_str("equal"),
+            Until::Background => f.write_str("background"),
+            Until::LastError(r) => write!(f, "last_error:{r}"),
+            Until::CaughtUp => f.write_str("caught_up"),
+        }
+    }
+}
+
+/// Parses `until`.
+pub fn parse_until(until: &str) -> anyhow::Result<Until> {
+    if let Some(p) = until.strip_prefix("phase:") {
+        let phase = Phase::ALL.into_iter().find(|x| x.as_str() == p);
+        return phase.map(Until::Phase).ok_or_else(|| anyhow::anyhow!("phase: {p:?} is no phase"));
+    }
+    if let Some(c) = until.strip_prefix("condition:") {
+        return parse_condition(c).map(Until::Condition);
+    }
+    if let Some(r) = until.strip_prefix("last_error:") {
+        return Ok(Until::LastError(r.to_owned()));
+    }
+    match until {
+        "equal" => Ok(Until::Equal),
+        "background" => Ok(Until::Background),
+        "caught_up" => Ok(Until::CaughtUp),
+        other => bail!(
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\", \"caught_up\" or \"background\")"
+        ),
+    }
+}
+
+/// A condition's expected status, and its reason when given: `TYPE=True|False[/REASON]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ConditionIs {
+    /// The condition.
+    pub type_: ConditionType,
+    /// Its status.
+    pub on: bool,
+    /// Its reason, when it matters.
+    pub reason: Option<String>,
+}
+
+impl TryFrom<String> for ConditionIs {
+    type Error = anyhow::Error;
+
+    fn try_from(c: String) -> anyhow::Result<ConditionIs> {
+        parse_condition(&c)
+    }
+}
+
+impl From<ConditionIs> for String {
+    fn from(c: ConditionIs) -> String {
+        c.to_string()
+    }
+}
+
+impl fmt::Display for ConditionIs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.type_, if self.on { "True" } else { "False" })?;
+        match &self.reason {
+            Some(r) => write!(f, "/{r}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Parses `"TYPE=True|False"`, optionally `/REASON`.
+pub fn parse_condition(c: &str) -> anyhow::Result<ConditionIs> {
+    let (c, reason) = match c.split_once('/') {
+        Some((c, reason)) => (c, Some(reason.to_owned())),
+        None => (c, None),
+    };
+    let (t, on) = match c.split_once('=') {
+        Some((t, "True")) => (t, true),
+        Some((t, "False")) => (t, false),
+        _ => bail!("condition: {c:?} (TYPE=True or TYPE=False, optionally /REASON)"),
+    };
+    Ok(ConditionIs { type_: t.parse()?, on, reason })
+}
+
+/// Checks every given fact; `equal`, `phase`, `condition` and `last_error` are retried until
+/// `timeout`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Target == source (latest on both, through the key rewrite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equal: Option<bool>,
+    /// The agent's phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// `"TYPE=True"` or `"TYPE=False"`, optionally `/REASON`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<ConditionIs>,
+    /// The agent's forced resync count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_resyncs: Option<u64>,
+    /// `"held"`: every continuous G3 check so far held, and at least one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub g3: Option<String>,
+    /// Extension: the agent's `last_error.reason` (e.g. `"SourceWentBack"`); retried until
+    /// `timeout` like `phase`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The exit code of the agent's last `stop_agent` (or of its own exit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_exit: Option<i32>,
+    /// Extension: from the checkpoint key's history, once this agent first wrote it, no other
+    /// agent wrote it again (a fenced-out writer landed nothing after the takeover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sole_writer_after: Option<String>,
+    /// Extension: the agent restarted its genesis (`scan_restarts`) at least this often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_scan_restarts: Option<u64>,
+    /// Extension: the agent restarted its genesis (`scan_restarts`) at most this often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_scan_restarts: Option<u64>,
+    /// Extension: the agent's own `peak_rss_bytes` (VmHWM, also
+    /// `etcd_mirror_resident_memory_peak_bytes`) is at most this many MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_peak_rss_mib: Option<u64>,
+    /// Extension: these keys (relative to `target.prefix`) exist in the target, e.g. keys that
+    /// were there before the link and that no prune of it may delete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_has: Vec<String>,
+    /// Extension: these keys (relative to `target.prefix`) do not exist in the target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_lacks: Vec<String>,
+    /// Extension: the agent's `lag_revisions` is at most this and `ReplicationLagExceeded` is
+    /// not True; with `during`, at every status read (every 500 ms) for that long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lag_revisions: Option<i64>,
+    /// Extension: the agent re-opened its source watch at most this many times
+    /// (`watch_restarts` in status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_watch_restarts: Option<u64>,
+    /// Extension: how long `max_lag_revisions` must hold (default: one read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub during: Option<HumanDuration>,
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub agent: String,
+    /// How long `equal`, `phase` and `condition` may take to hold.
+    #[serde(default = "sixty")]
+    pub timeout: HumanDuration,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "expect")]
+impl Step for Expect {
+    fn check(&self) -> anyhow::Result<()> {
+        match &self.g3 {
+            Some(g) if g != "held" => bail!("g3: {g:?} (only \"held\")"),
+            _ => Ok(()),
+        }
+    }
+
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let agent = self.agent.as_str();
+        if let Some(most) = self.max_lag_revisions {
+            self.lag_stays_under(world, most).await?;
+        }
+        if let Some(most) = self.max_watch_restarts {
+            let got = world.status(agent).await?.watch_restarts;
+            anyhow::ensure!(
+                got <= most,
+                "the source watch was re-opened {got} times, expected at most {most}"
+            );
+        }
+        let mut eventually = Vec::new();
+        eventually.extend(self.phase.map(Until::Phase));
+        eventually.extend(self.condition.clone().map(Until::Condition));
+        eventually.extend(self.last_error.clone().map(Until::LastError));
+        if self.equal == Some(true) {
+            eventually.push(Until::Equal);
+        }
+        let deadline = Instant::now() + self.timeout.get();
+        for until in &eventually {
+            if let Err(why) = world.poll_until(until, agent, deadline).await {
+                bail!("expected {until} within {:?}: {why}", self.timeout.get());
+            }
+        }
+        if self.equal == Some(false) && world.difference().await?.is_none() {
+            bail!("expected the sides to differ, they are equal");
+        }
+        if let Some(most) = self.max_peak_rss_mib {
+            let peak = world.status(agent).await?.peak_rss_bytes;
+            println!("           agent peak RSS {} MiB (at most {most} MiB expected)", peak >> 20);
+            anyhow::ensure!(peak > 0, "the agent reports no peak_rss_bytes (no /proc?)");
+            anyhow::ensure!(peak <= most << 20, "agent peak RSS {} MiB > {most} MiB", peak >> 20);
+        }
+        if self.min_scan_restarts.is_some() || self.max_scan_restarts.is_some() {
+            let got = world.status(agent).await?.scan_restarts;
+            if let Some(least) = self.min_scan_restarts.filter(|least| got < *least) {
+                bail!("expected at least {least} genesis restarts, saw {got}");
+            }
+            if let Some(most) = self.max_scan_restarts.filter(|most| got > *most) {
+                bail!("expected at most {most} genesis restarts, saw {got}");
+            }
+        }
+        self.named_keys(world).await?;
+        if let Some(n) = self.forced_resyncs {
+            let got = world.status(agent).await?.forced_resyncs;
+            anyhow::ensure!(
+                got.count == n,
+                "expected {n} forced resyncs, saw {} ({:?})",
+                got.count,
+                got.by_reason
+            );
+        }
+        let mut note = String::new();
+        if self.g3.is_some() {
+            note = self.g3_held(world).await?;
+        }
+        if let Some(id) = &self.sole_writer_after {
+            let writer = world.status(id).await?.agent_id;
+            let (writes, after) = checkpoint_writers_after(world, &writer).await?;
+            note = format!(
+                "{writes} checkpoint writes by {writer} since its first, none by another agent{note}"
+            );
+            if let Some(other) = after {
+                bail!("after agent {id:?} ({writer}) first wrote the checkpoint, {other} wrote it again");
+            }
+        }
+        if let Some(code) = self.agent_exit {
+            let a = world.agent(agent)?;
+            let exit = match a.exit {
+                Some(e) => e,
+                None if a.process.is_running() => {
+                    bail!("expected agent {agent:?} to have exited with {code}, it is running")
+                }
+                None => a.process.terminate().await?,
+            };
+            anyhow::ensure!(
+                exit == Some(code),
+                "expected agent {agent:?} to exit with {code}, it exited with {exit:?}"
+            );
+        }
+        Ok(note)
+    }
+}
+
+impl Expect {
+    /// `max_lag_revisions` (and `ReplicationLagExceeded` not True) at every read for `during`.
+    async fn lag_stays_under(&self, world: &mut World<'_>, most: i64) -> anyhow::Result<()> {
+        let until = Instant::now() + self.during.map_or(Duration::ZERO, |d| d.get());
+        let (mut reads, mut worst) = (0u32, 0i64);
+        loop {
+            let s = world.status(&self.agent).await?;
+            reads += 1;
+            worst = worst.max(s.lag_revisions);
+            if s.lag_revisions > most {
+                bail!(
+                    "lag_revisions {} > {most} (watermark {}, source revision {}) at read {reads}",
+                    s.lag_revisions,
+                    s.watermark,
+                    s.source_revision
+                );
+            }
+            if s.condition(ConditionType::ReplicationLagExceeded) {
+                bail!("ReplicationLagExceeded is True at read {reads} (lag {} s)", s.lag_seconds);
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!("           lag_revisions at most {worst} over {reads} status reads");
+        Ok(())
+    }
+
+    /// `target_has` and `target_lacks`: one read per key named, present or absent as asked.
+    async fn named_keys(&self, world: &mut World<'_>) -> anyhow::Result<()> {
+        let named: Vec<(&String, bool)> = self
+            .target_has
+            .iter()
+            .map(|k| (k, true))
+            .chain(self.target_lacks.iter().map(|k| (k, false)))
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let prefix = world.scenario.target_prefix().to_owned();
+        let mut dst = world.target.client().await?;
+        for (key, want) in named {
+            let full = format!("{prefix}{key}");
+            let there = !dst.get(full.as_bytes(), None).await?.kvs().is_empty();
+            match (want, there) {
+                (true, false) => bail!("expected {full:?} in the target, it is gone"),
+                (false, true) => bail!("expected {full:?} gone from the target, it is there"),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `g3 = "held"`: the continuous checker saw no violation, and one check now holds (so a
+    /// short scenario is judged at its end too).
+    async fn g3_held(&self, world: &mut World<'_>) -> anyhow::Result<String> {
+        world.judge_violations("expect").await?;
+        let parsed = world.base.parsed()?;
+        let mut dst = world.target.client().await?;
+        match check_g3(&mut world.src, &mut dst, &parsed.rewriter(), &parsed.checkpoint_key()).await? {
+            G3::Holds { keys, watermark } => {
+                world.checker.holds.fetch_add(1, Ordering::Relaxed);
+                Ok(format!("G3 held ({keys} keys at {watermark})"))
+            }
+            G3::NotYet => bail!("expected G3 held, but there is no checkpoint outside a scan"),
+        }
+    }
+}
+
+/// Reads the checkpoint key's whole history (a watch from revision 1): how many times
+/// `writer` wrote it since its first write, and the first other writer after that, if any.
+async fn checkpoint_writers_after(
+    world: &mut World<'_>,
+    writer: &str,
+) -> anyhow::Result<(usize, Option<String>)> {
+    let key = world.base.parsed()?.checkpoint_key();
+    let mut dst = world.target.client().await?;
+    let now = dst.get(key.clone(), None).await?;
+    let last = now.kvs().first().map(|kv| kv.mod_revision()).context("no checkpoint")?;
+    let mut stream = dst.watch(key, Some(etcd_client::WatchOptions::new().with_start_revision(1))).await?;
+    let (mut seen, mut writes) = (false, 0usize);
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .context("the checkpoint history did not arrive")??
+            .context("the history watch ended")?;
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let by = mirror_fence::Checkpoint::decode(kv.value()).map(|r| r.agent_id).unwrap_or_default();
+            if by == writer {
+                seen = true;
+                writes += 1;
+            } else if seen && ev.event_type() == etcd_client::EventType::Put {
+                return Ok((writes, Some(format!("{by} (at target revision {})", kv.mod_revision()))));
+            }
+            if kv.mod_revision() >= last {
+                anyhow::ensure!(seen, "agent {writer} never wrote the checkpoint");
+                return Ok((writes, None));
+            }
+        }
+    }
+}

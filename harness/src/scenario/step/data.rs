@@ -1,0 +1,358 @@
+//! Steps that write a side: `load`, `revoke`, `churn`, `put`, `del`, `txn`, and `check_perf`
+//! (etcd's own load check against the source).
+
+use anyhow::{bail, Context as _};
+use etcd_client::{Client, DeleteOptions, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use super::{is_false, is_source, source_side, value_100, SideName, Sides, Step};
+use crate::scenario::world::World;
+use crate::{load_leased_keys, Churn as ChurnLoad};
+
+/// `keys` keys of `value_size` bytes under `prefix`, 128 per Txn.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Load {
+    /// Which side (default source).
+    #[serde(default = "source_side", skip_serializing_if = "is_source")]
+    pub side: SideName,
+    /// How many.
+    pub keys: usize,
+    /// Bytes per value.
+    #[serde(default = "value_100")]
+    pub value_size: usize,
+    /// Under this sub-prefix.
+    #[serde(default)]
+    pub prefix: String,
+    /// Extension: keys go under the source lease with this ID (granted with a 600 s TTL
+    /// unless it exists), every `lease_every`-th key from the first (default every key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<i64>,
+    /// Extension: see `lease`; 2 interleaves leased keys with keys that survive a revoke.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_every: Option<usize>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "load")]
+impl Step for Load {
+    fn check(&self) -> anyhow::Result<()> {
+        match (self.lease, self.lease_every) {
+            (None, Some(_)) => bail!("load: lease_every needs a lease"),
+            (_, Some(0)) => bail!("load: lease_every must be > 0"),
+            _ => Ok(()),
+        }
+    }
+
+    fn detachable(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        self.run_detached(world.sides().await?, seed).await
+    }
+
+    async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
+        let (client, prefix) = sides.of(self.side);
+        let lease = self.lease.map(|id| (id, self.lease_every.unwrap_or(1)));
+        let under = format!("{prefix}{}", self.prefix);
+        let rev = load_leased_keys(client, &under, self.keys, self.value_size, lease).await?;
+        Ok(format!("to revision {rev}"))
+    }
+}
+
+/// Extension: revokes a source lease (`lease`, from a `load`): etcd deletes its keys in one
+/// revision.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Revoke {
+    /// The lease ID.
+    pub lease: i64,
+    /// Extension, as on `del`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_revisions: Option<i64>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "revoke")]
+impl Step for Revoke {
+    fn detachable(&self) -> bool {
+        self.target_revisions.is_none()
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        match self.target_revisions {
+            Some(want) => world.applied_as(want, self, seed).await,
+            None => self.run_detached(world.sides().await?, seed).await,
+        }
+    }
+
+    async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
+        let resp = sides.source.lease_revoke(self.lease).await?;
+        Ok(format!("lease {} revoked at {}", self.lease, resp.header().map_or(0, |h| h.revision())))
+    }
+}
+
+/// Open-loop churn: puts, overwrites, deletes, multi-op Txns, range deletes, leased puts.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Churn {
+    /// Operations in all.
+    pub ops: usize,
+    /// Offered per second.
+    pub rate: u32,
+    /// Distinct keys.
+    pub keyspace: usize,
+    /// Bytes per value.
+    #[serde(default = "value_100")]
+    pub value_size: usize,
+    /// Under this sub-prefix.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "churn")]
+impl Step for Churn {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.rate > 0, "churn: rate must be > 0");
+        Ok(())
+    }
+
+    fn detachable(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        self.run_detached(world.sides().await?, seed).await
+    }
+
+    async fn run_detached(&self, sides: Sides, seed: u64) -> anyhow::Result<String> {
+        let report = ChurnLoad::new(
+            &format!("{}{}", sides.source_prefix, self.prefix),
+            self.ops,
+            self.rate,
+            self.keyspace,
+        )
+        .value_size(self.value_size)
+        .seed(seed)
+        .tolerant()
+        .with_leases()
+        .spawn(sides.source.clone())
+        .await??;
+        Ok(format!("{} ops acknowledged, {} failed", report.ops, report.failed))
+    }
+}
+
+/// One put.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Put {
+    /// Which side (default source).
+    #[serde(default = "source_side", skip_serializing_if = "is_source")]
+    pub side: SideName,
+    /// The key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The checkpoint key instead of `key`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
+    /// The value (default: `value_size` bytes of `v`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Bytes of the default value.
+    #[serde(default = "value_100")]
+    pub value_size: usize,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "put")]
+impl Step for Put {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.key.is_some() != self.checkpoint,
+            "put: give exactly one of key and checkpoint = true"
+        );
+        Ok(())
+    }
+
+    fn detachable(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        self.run_detached(world.sides().await?, seed).await
+    }
+
+    async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
+        let key = key_of(&self.key, &sides, self.side);
+        let value = self.value.clone().unwrap_or_else(|| "v".repeat(self.value_size));
+        let (client, _) = sides.of(self.side);
+        let rev = client.put(key, value, None).await?.header().map_or(0, |h| h.revision());
+        Ok(format!("at {rev}"))
+    }
+}
+
+/// Delete one key or a prefix.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Del {
+    /// Which side (default source).
+    #[serde(default = "source_side", skip_serializing_if = "is_source")]
+    pub side: SideName,
+    /// The checkpoint key.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
+    /// One key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Every key under this prefix (one revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Extension: the agent (`a`) applies this source revision as exactly this many target
+    /// revisions (1: atomically); the step waits for it to catch up before and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_revisions: Option<i64>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "del")]
+impl Step for Del {
+    fn check(&self) -> anyhow::Result<()> {
+        let given = usize::from(self.key.is_some())
+            + usize::from(self.prefix.is_some())
+            + usize::from(self.checkpoint);
+        anyhow::ensure!(given == 1, "del: give exactly one of key, prefix and checkpoint = true");
+        if self.side == SideName::Target && self.target_revisions.is_some() {
+            bail!("del: target_revisions is for a source write");
+        }
+        Ok(())
+    }
+
+    fn detachable(&self) -> bool {
+        self.target_revisions.is_none()
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        match self.target_revisions {
+            Some(want) => world.applied_as(want, self, seed).await,
+            None => self.run_detached(world.sides().await?, seed).await,
+        }
+    }
+
+    async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
+        let key = key_of(&self.key, &sides, self.side);
+        let (client, prefix) = sides.of(self.side);
+        let resp = match &self.prefix {
+            Some(p) => {
+                client.delete(format!("{prefix}{p}"), Some(DeleteOptions::new().with_prefix())).await?
+            }
+            None => client.delete(key, None).await?,
+        };
+        Ok(format!("{} keys deleted", resp.deleted()))
+    }
+}
+
+/// Extension: `etcdctl check perf` against the source, with the source version's etcdctl:
+/// etcd's own load check, as a user would run it (`load = "l"`: 500 clients writing for 60 s,
+/// then one revision deleting everything it wrote). Its pass/fail verdict is about the source
+/// on this machine, not the agent: the step reports it and never fails on it.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckPerf {
+    /// Workload model: s, m, l or xl (default s).
+    #[serde(default = "load_s")]
+    pub load: String,
+    /// Its keys' sub-prefix under `source.prefix`.
+    pub prefix: String,
+}
+
+fn load_s() -> String {
+    "s".into()
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "check_perf")]
+impl Step for CheckPerf {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            ["s", "m", "l", "xl"].contains(&self.load.as_str()),
+            "load: {:?} (s, m, l or xl)",
+            self.load
+        );
+        Ok(())
+    }
+
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let source = &world.source;
+        let prefix = format!("{}{}", world.scenario.source_prefix(), self.prefix);
+        let out = tokio::process::Command::new(source.spec().version.etcdctl())
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", source.endpoints().join(",")))
+            .args(["check", "perf", &format!("--load={}", self.load), &format!("--prefix={prefix}")])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .context("running etcdctl check perf")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let verdict: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("PASS") || l.starts_with("FAIL")).collect();
+        anyhow::ensure!(
+            !verdict.is_empty(),
+            "etcdctl check perf gave no verdict ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(verdict.join("; "))
+    }
+}
+
+/// `ops` puts in one source Txn.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Txn {
+    /// Puts in the Txn.
+    pub ops: usize,
+    /// Bytes per value.
+    #[serde(default = "value_100")]
+    pub value_size: usize,
+    /// Under this sub-prefix.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "txn")]
+impl Step for Txn {
+    fn detachable(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
+        self.run_detached(world.sides().await?, seed).await
+    }
+
+    async fn run_detached(&self, mut sides: Sides, seed: u64) -> anyhow::Result<String> {
+        let under = format!("{}{}", sides.source_prefix, self.prefix);
+        let puts: Vec<TxnOp> = (0..self.ops)
+            .map(|i| TxnOp::put(format!("{under}txn-{seed}-{i:05}"), "v".repeat(self.value_size), None))
+            .collect();
+        let source: &mut Client = &mut sides.source;
+        let rev =
+            source.txn(etcd_client::Txn::new().and_then(puts)).await?.header().map_or(0, |h| h.revision());
+        Ok(format!("{} puts at {rev}", self.ops))
+    }
+}
+
+/// `key` under the side's prefix, or the checkpoint key when none is given.
+fn key_of(key: &Option<String>, sides: &Sides, side: SideName) -> Vec<u8> {
+    let prefix = match side {
+        SideName::Source => &sides.source_prefix,
+        SideName::Target => &sides.target_prefix,
+    };
+    match key {
+        Some(k) => format!("{prefix}{k}").into_bytes(),
+        None => sides.checkpoint.clone(),
+    }
+}

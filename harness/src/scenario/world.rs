@@ -1,0 +1,454 @@
+//! The world a scenario acts on: both clusters, the fault proxies, the agents, the
+//! continuous G3 checker and the background steps. Steps (`step/`) act on it; the runner
+//! (`run.rs`) orders them and prints.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use etcd_client::Client;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::checker::{check_continuously, CheckerState};
+use super::file::Scenario;
+use super::run::RunOptions;
+use super::step::{MemberRef, SideName, Sides, Signal, Step, Until};
+use super::FAST_SYNC_TOML;
+use crate::{
+    agent_command, difference_now, AgentBackend, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster,
+    EtcdVersion, Proxies,
+};
+
+/// One agent of the run.
+pub(in crate::scenario) struct Agent {
+    pub process: AgentProcess,
+    pub config: AgentConfig,
+    /// The exit code of its last stop, if it stopped.
+    pub exit: Option<Option<i32>>,
+}
+
+/// One background step.
+pub(in crate::scenario) struct Background {
+    pub line: usize,
+    pub what: String,
+    pub handle: JoinHandle<anyhow::Result<String>>,
+}
+
+/// The members each side has stopped (killed, stopped, restored members excepted).
+#[derive(Default)]
+pub(in crate::scenario) struct StoppedMembers(BTreeSet<(bool, usize)>);
+
+impl StoppedMembers {
+    /// Member `i` of `side` went down.
+    pub fn stopped(&mut self, side: SideName, i: usize) {
+        self.0.insert((side == SideName::Source, i));
+    }
+
+    /// Member `i` of `side` runs again.
+    pub fn started(&mut self, side: SideName, i: usize) {
+        self.0.remove(&(side == SideName::Source, i));
+    }
+
+    /// The stopped members of `side`, in order.
+    pub fn of(&self, side: SideName) -> Vec<usize> {
+        let key = side == SideName::Source;
+        self.0.iter().filter(|(s, _)| *s == key).map(|(_, i)| *i).collect()
+    }
+}
+
+/// Clusters, proxies, agents and checker of one run of a scenario.
+pub struct World<'a> {
+    pub(in crate::scenario) scenario: &'a Scenario,
+    pub(in crate::scenario) seed: u64,
+    pub(in crate::scenario) started: Instant,
+    pub(in crate::scenario) source: EtcdCluster,
+    pub(in crate::scenario) target: EtcdCluster,
+    pub(in crate::scenario) source_proxies: Proxies,
+    pub(in crate::scenario) target_proxies: Proxies,
+    /// The runner's own source client, made again over the answering members after a member
+    /// change.
+    pub(in crate::scenario) src: Client,
+    /// The generated agent config every agent starts from.
+    pub(in crate::scenario) base: AgentConfig,
+    pub(in crate::scenario) agent_backend: AgentBackend,
+    pub(in crate::scenario) agents: BTreeMap<String, Agent>,
+    pub(in crate::scenario) members: StoppedMembers,
+    pub(in crate::scenario) background: Vec<Background>,
+    pub(in crate::scenario) checker: Arc<CheckerState>,
+    pub(in crate::scenario) checker_task: JoinHandle<()>,
+}
+
+impl<'a> World<'a> {
+    pub(in crate::scenario) async fn start(
+        scenario: &'a Scenario,
+        seed: u64,
+        sv: EtcdVersion,
+        tv: EtcdVersion,
+        opts: &RunOptions,
+    ) -> anyhow::Result<World<'a>> {
+        let spec = |v, side: &super::SideSpec| {
+            let mut spec = ClusterSpec::new(v).members(side.members);
+            for arg in &side.args {
+                spec = spec.arg(arg.clone());
+            }
+            match opts.backend {
+                Some(b) => spec.backend(b),
+                None => spec,
+            }
+        };
+        let source = EtcdCluster::start(spec(sv, &scenario.source)).await.context("starting the source")?;
+        let target = EtcdCluster::start(spec(tv, &scenario.target)).await.context("starting the target")?;
+        let (source_proxies, target_proxies) = (source.proxies().await?, target.proxies().await?);
+        let link: String = scenario
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+            .collect();
+        let (agent_backend, source_endpoints, target_endpoints) =
+            match opts.agent_backend.unwrap_or(scenario.agent_backend) {
+                super::AgentKind::Process => {
+                    (AgentBackend::Process, source_proxies.endpoints(), target_proxies.endpoints())
+                }
+                super::AgentKind::Container => {
+                    let (Some(s), Some(t)) = (source.network_endpoints(), target.network_endpoints()) else {
+                        bail!("agent_backend = \"container\" needs etcd in containers (--backend container)");
+                    };
+                    let networks = [&source, &target].iter().filter_map(|c| c.docker_network()).collect();
+                    (AgentBackend::Container { networks }, s, t)
+                }
+            };
+        let mut base = AgentConfig::new(&link, source_endpoints, target_endpoints, scenario.source_prefix());
+        base.target_prefix = scenario.target_prefix().to_owned();
+        let mut base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml);
+        base.env.extend(opts.agent_env.iter().cloned());
+        let parsed = base.parsed().context("the generated agent config")?;
+        let src = source.client().await?;
+        let checker = Arc::new(CheckerState { enabled: AtomicBool::new(true), ..CheckerState::default() });
+        let checker_task = tokio::spawn(check_continuously(
+            src.clone(),
+            target.client().await?,
+            parsed.rewriter(),
+            parsed.checkpoint_key(),
+            checker.clone(),
+        ));
+        Ok(World {
+            scenario,
+            seed,
+            started: Instant::now(),
+            source,
+            target,
+            source_proxies,
+            target_proxies,
+            src,
+            base,
+            agent_backend,
+            agents: BTreeMap::new(),
+            members: StoppedMembers::default(),
+            background: Vec::new(),
+            checker,
+            checker_task,
+        })
+    }
+
+    pub(in crate::scenario) fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    pub(in crate::scenario) async fn judge_violations(&self, when: &str) -> anyhow::Result<()> {
+        if let Some(v) = self.checker.violations.read().await.first() {
+            bail!("the continuous G3 checker found a violation (seen by {when}): {v}");
+        }
+        Ok(())
+    }
+
+    pub(in crate::scenario) async fn join_background(&mut self) -> anyhow::Result<()> {
+        for bg in self.background.drain(..) {
+            let note = bg
+                .handle
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r)
+                .with_context(|| format!("background {} (line {})", bg.what, bg.line))?;
+            println!("[{:>8.2}s] {}: done {note}", self.started.elapsed().as_secs_f64(), bg.what);
+        }
+        Ok(())
+    }
+
+    pub(in crate::scenario) fn cluster(&mut self, side: SideName) -> &mut EtcdCluster {
+        match side {
+            SideName::Source => &mut self.source,
+            SideName::Target => &mut self.target,
+        }
+    }
+
+    pub(in crate::scenario) fn proxies(&self, side: SideName) -> &Proxies {
+        match side {
+            SideName::Source => &self.source_proxies,
+            SideName::Target => &self.target_proxies,
+        }
+    }
+
+    pub(in crate::scenario) async fn member(
+        &mut self,
+        side: SideName,
+        member: &MemberRef,
+    ) -> anyhow::Result<usize> {
+        let cluster = self.cluster(side);
+        match member {
+            MemberRef::Index(i) if *i < cluster.nodes().len() => Ok(*i),
+            MemberRef::Index(i) => {
+                bail!("member {i}: the {side:?} side has {} members", cluster.nodes().len())
+            }
+            MemberRef::Named(_) => cluster.leader_index(Duration::from_secs(30)).await,
+        }
+    }
+
+    pub(in crate::scenario) fn agent(&mut self, id: &str) -> anyhow::Result<&mut Agent> {
+        self.agents.get_mut(id).with_context(|| format!("agent {id:?} was never started"))
+    }
+
+    pub(in crate::scenario) async fn start_agent(
+        &mut self,
+        id: &str,
+        epoch: Option<u64>,
+        toml: Option<&str>,
+    ) -> anyhow::Result<String> {
+        if let Some(agent) = self.agents.get_mut(id) {
+            if agent.process.is_running() {
+                bail!("agent {id:?} is already running");
+            }
+            if let Some(t) = toml {
+                agent.config = agent.config.clone().overlay(t);
+            }
+            if let Some(e) = epoch {
+                agent.config = agent.config.clone().epoch(e);
+            }
+            agent.process.set_config(agent.config.clone());
+            agent.process.restart().await?;
+            agent.exit = None;
+            return Ok("restarted".into());
+        }
+        let mut config = self.base.clone().overlay(toml.unwrap_or_default());
+        if let Some(e) = epoch {
+            config = config.epoch(e);
+        }
+        let process = AgentProcess::start_on(&config, self.agent_backend.clone()).await?;
+        let url = process.url();
+        self.agents.insert(id.to_owned(), Agent { process, config, exit: None });
+        Ok(url)
+    }
+
+    pub(in crate::scenario) async fn stop_agent(
+        &mut self,
+        id: &str,
+        signal: Signal,
+    ) -> anyhow::Result<String> {
+        let agent = self.agent(id)?;
+        match signal {
+            Signal::Term => {
+                let code = agent.process.terminate().await?;
+                agent.exit = Some(code);
+                Ok(format!("exit {code:?}"))
+            }
+            Signal::Kill => {
+                agent.process.kill9().await?;
+                agent.exit = Some(None);
+                Ok(String::new())
+            }
+            Signal::Stop | Signal::Cont => {
+                let sig = if signal == Signal::Stop { libc::SIGSTOP } else { libc::SIGCONT };
+                agent.process.signal(sig).with_context(|| format!("agent {id:?}"))?;
+                Ok(String::new())
+            }
+        }
+    }
+
+    pub(in crate::scenario) async fn one_shot(
+        &mut self,
+        id: &str,
+        command: &str,
+        args: &[&str],
+        expect: i32,
+    ) -> anyhow::Result<String> {
+        let mut config = match self.agents.get(id) {
+            Some(a) => a.config.clone(),
+            None => self.base.clone(),
+        };
+        // One-shot commands run on the host, so through the proxies even when the agents run
+        // in containers (and see etcd by its container names).
+        config.source = self.source_proxies.endpoints();
+        config.target = self.target_proxies.endpoints();
+        let out = agent_command(&config, command, args).await?;
+        let code = out.status.code();
+        if code != Some(expect) {
+            bail!(
+                "mirror-agent {command} exited {code:?}, expected {expect}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                tail(&String::from_utf8_lossy(&out.stderr), 30)
+            );
+        }
+        Ok(format!("exit {expect}"))
+    }
+
+    pub(in crate::scenario) async fn status(&mut self, id: &str) -> anyhow::Result<mirror_core::Status> {
+        self.agent(id)?.process.status().await
+    }
+
+    /// After a member of `side` went away or came back: the runner's own source client is
+    /// made again over the members that answer now, as the agent does (a client of a stopped
+    /// member keeps sending it a share of the requests, and the checks fail on those).
+    pub(in crate::scenario) async fn members_changed(&mut self, side: SideName) -> anyhow::Result<()> {
+        if side == SideName::Source {
+            self.src = self.source.client().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether `until` holds now: `Ok(None)` when it does, `Ok(Some(why not))` otherwise.
+    pub(in crate::scenario) async fn holds(
+        &mut self,
+        until: &Until,
+        id: &str,
+    ) -> anyhow::Result<Option<String>> {
+        match until {
+            Until::Phase(p) => {
+                let s = self.status(id).await?;
+                Ok((s.phase != *p).then(|| format!("phase is {}", s.phase.as_str())))
+            }
+            Until::Condition(want) => {
+                let s = self.status(id).await?;
+                let c = s.conditions.iter().find(|c| c.type_ == want.type_);
+                let reason_ok = want.reason.as_ref().is_none_or(|r| c.is_some_and(|c| c.reason == *r));
+                Ok((c.map(|c| c.status) != Some(want.on) || !reason_ok).then(|| match c {
+                    Some(c) => format!("{}={} ({}: {})", c.type_, c.status_name(), c.reason, c.message),
+                    None => format!("{} not reported", want.type_),
+                }))
+            }
+            Until::LastError(want) => {
+                let s = self.status(id).await?;
+                let got = s.last_error.as_ref().map(|e| e.reason.as_str());
+                Ok((got != Some(want.as_str())).then(|| match &s.last_error {
+                    Some(e) => format!("last_error is {} ({})", e.reason, e.message),
+                    None => "no last_error".to_owned(),
+                }))
+            }
+            Until::Equal => {
+                let parsed = self.base.parsed()?;
+                let mut dst = self.target.client().await?;
+                difference_now(&mut self.src, &mut dst, &parsed.rewriter()).await
+            }
+            Until::Background => {
+                self.join_background().await?;
+                Ok(None)
+            }
+            Until::CaughtUp => {
+                let head = super::current_revision(&mut self.src).await?;
+                let s = self.status(id).await?;
+                Ok((s.watermark < head)
+                    .then(|| format!("watermark {} below source head {head}", s.watermark)))
+            }
+        }
+    }
+
+    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed.
+    pub(in crate::scenario) async fn poll_until(
+        &mut self,
+        until: &Until,
+        id: &str,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        loop {
+            let why = match self.holds(until, id).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(why)) => why,
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                return Err(why);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Clients of both sides and the link's prefixes, for a step that only writes.
+    pub(in crate::scenario) async fn sides(&self) -> anyhow::Result<Sides> {
+        Ok(Sides {
+            source: self.src.clone(),
+            target: self.target.client().await?,
+            source_prefix: self.scenario.source_prefix().to_owned(),
+            target_prefix: self.scenario.target_prefix().to_owned(),
+            checkpoint: self.base.parsed()?.checkpoint_key(),
+        })
+    }
+
+    /// Runs `step` (a source write) and checks that agent `a` applied it as exactly `want`
+    /// target revisions: from caught up before it to caught up after it, nothing else writes
+    /// the target.
+    pub(in crate::scenario) async fn applied_as(
+        &mut self,
+        want: i64,
+        step: &dyn Step,
+        seed: u64,
+    ) -> anyhow::Result<String> {
+        let mut src = self.src.clone();
+        let mut dst = self.target.client().await?;
+        super::caught_up(&self.agent("a")?.process, &mut src).await?;
+        let before = super::current_revision(&mut dst).await?;
+        let note = step.run_detached(self.sides().await?, seed).await?;
+        super::caught_up(&self.agent("a")?.process, &mut src).await?;
+        let moved = super::current_revision(&mut dst).await? - before;
+        if moved != want {
+            bail!("{note}: applied as {moved} target revisions, expected {want}");
+        }
+        Ok(format!("{note}, applied as {moved} target revision(s)"))
+    }
+
+    /// How target and source differ now, if they do.
+    pub(in crate::scenario) async fn difference(&mut self) -> anyhow::Result<Option<String>> {
+        let parsed = self.base.parsed()?;
+        let mut dst = self.target.client().await?;
+        difference_now(&mut self.src, &mut dst, &parsed.rewriter()).await
+    }
+
+    /// Member `i` of `side` went down.
+    pub(in crate::scenario) async fn member_stopped(
+        &mut self,
+        side: SideName,
+        i: usize,
+    ) -> anyhow::Result<()> {
+        self.members.stopped(side, i);
+        self.members_changed(side).await
+    }
+
+    /// The stopped members of `side`.
+    pub(in crate::scenario) fn stopped_members(&self, side: SideName) -> Vec<usize> {
+        self.members.of(side)
+    }
+
+    pub(in crate::scenario) async fn finish(mut self) {
+        self.checker_task.abort();
+        for bg in self.background.drain(..) {
+            bg.handle.abort();
+        }
+        for agent in self.agents.values_mut() {
+            let _ = agent.process.signal(libc::SIGCONT);
+            let _ = agent.process.kill9().await;
+        }
+        // Agent containers leave the clusters' networks before the clusters remove them.
+        self.agents.clear();
+        for cluster in [&mut self.source, &mut self.target] {
+            for node in cluster.nodes() {
+                let _ = node.unpause().await;
+            }
+        }
+    }
+}
+
+/// The last `n` lines of `text`.
+pub(in crate::scenario) fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

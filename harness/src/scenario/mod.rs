@@ -71,6 +71,7 @@ pub async fn g3_of(source: &EtcdCluster, target: &EtcdCluster, config: &AgentCon
 mod checker;
 mod file;
 mod run;
+mod sides;
 pub mod step;
 mod world;
 

@@ -14,23 +14,8 @@ use tokio::time::Instant;
 
 use super::file::{Scenario, StepAt};
 use super::step::Line;
+pub use super::world::RunOptions;
 use super::world::{tail, Background, World};
-use crate::Backend;
-
-/// How a run is done.
-#[derive(Clone, Debug, Default)]
-pub struct RunOptions {
-    /// Overrides the file's `seed`.
-    pub seed: Option<u64>,
-    /// On failure, leave the clusters up and wait for Ctrl-C.
-    pub keep: bool,
-    /// Where etcd runs (default: detected).
-    pub backend: Option<Backend>,
-    /// Extra environment for every agent process (e.g. a debug-build failpoint).
-    pub agent_env: Vec<(String, String)>,
-    /// Overrides the file's `agent_backend`.
-    pub agent_backend: Option<super::AgentKind>,
-}
 
 /// Parses and runs the scenario file at `path`; `Err` names the failed step.
 pub async fn run_file(path: &Path, opts: &RunOptions) -> anyhow::Result<()> {

@@ -14,12 +14,11 @@ use tokio::time::Instant;
 
 use super::checker::{check_continuously, CheckerState};
 use super::file::Scenario;
-use super::run::RunOptions;
-use super::step::{MemberRef, SideName, Sides, Signal, Step, Until};
+use super::sides::{MemberRef, SideName, Sides, Signal};
 use super::FAST_SYNC_TOML;
 use crate::{
-    agent_command, difference_now, AgentBackend, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster,
-    EtcdVersion, Proxies,
+    agent_command, difference_now, AgentBackend, AgentConfig, AgentProcess, Backend, ClusterSpec,
+    EtcdCluster, EtcdVersion, Proxies,
 };
 
 /// One agent of the run.
@@ -35,6 +34,21 @@ pub(in crate::scenario) struct Background {
     pub line: usize,
     pub what: String,
     pub handle: JoinHandle<anyhow::Result<String>>,
+}
+
+/// How a run is done.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Overrides the file's `seed`.
+    pub seed: Option<u64>,
+    /// On failure, leave the clusters up and wait for Ctrl-C.
+    pub keep: bool,
+    /// Where etcd runs (default: detected).
+    pub backend: Option<Backend>,
+    /// Extra environment for every agent process (e.g. a debug-build failpoint).
+    pub agent_env: Vec<(String, String)>,
+    /// Overrides the file's `agent_backend`.
+    pub agent_backend: Option<super::AgentKind>,
 }
 
 /// The members each side has stopped (killed, stopped, restored members excepted).
@@ -307,72 +321,6 @@ impl<'a> World<'a> {
         Ok(())
     }
 
-    /// Whether `until` holds now: `Ok(None)` when it does, `Ok(Some(why not))` otherwise.
-    pub(in crate::scenario) async fn holds(
-        &mut self,
-        until: &Until,
-        id: &str,
-    ) -> anyhow::Result<Option<String>> {
-        match until {
-            Until::Phase(p) => {
-                let s = self.status(id).await?;
-                Ok((s.phase != *p).then(|| format!("phase is {}", s.phase.as_str())))
-            }
-            Until::Condition(want) => {
-                let s = self.status(id).await?;
-                let c = s.conditions.iter().find(|c| c.type_ == want.type_);
-                let reason_ok = want.reason.as_ref().is_none_or(|r| c.is_some_and(|c| c.reason == *r));
-                Ok((c.map(|c| c.status) != Some(want.on) || !reason_ok).then(|| match c {
-                    Some(c) => format!("{}={} ({}: {})", c.type_, c.status_name(), c.reason, c.message),
-                    None => format!("{} not reported", want.type_),
-                }))
-            }
-            Until::LastError(want) => {
-                let s = self.status(id).await?;
-                let got = s.last_error.as_ref().map(|e| e.reason.as_str());
-                Ok((got != Some(want.as_str())).then(|| match &s.last_error {
-                    Some(e) => format!("last_error is {} ({})", e.reason, e.message),
-                    None => "no last_error".to_owned(),
-                }))
-            }
-            Until::Equal => {
-                let parsed = self.base.parsed()?;
-                let mut dst = self.target.client().await?;
-                difference_now(&mut self.src, &mut dst, &parsed.rewriter()).await
-            }
-            Until::Background => {
-                self.join_background().await?;
-                Ok(None)
-            }
-            Until::CaughtUp => {
-                let head = super::current_revision(&mut self.src).await?;
-                let s = self.status(id).await?;
-                Ok((s.watermark < head)
-                    .then(|| format!("watermark {} below source head {head}", s.watermark)))
-            }
-        }
-    }
-
-    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed.
-    pub(in crate::scenario) async fn poll_until(
-        &mut self,
-        until: &Until,
-        id: &str,
-        deadline: Instant,
-    ) -> Result<(), String> {
-        loop {
-            let why = match self.holds(until, id).await {
-                Ok(None) => return Ok(()),
-                Ok(Some(why)) => why,
-                Err(e) => format!("{e:#}"),
-            };
-            if Instant::now() >= deadline {
-                return Err(why);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
     /// Clients of both sides and the link's prefixes, for a step that only writes.
     pub(in crate::scenario) async fn sides(&self) -> anyhow::Result<Sides> {
         Ok(Sides {
@@ -384,20 +332,19 @@ impl<'a> World<'a> {
         })
     }
 
-    /// Runs `step` (a source write) and checks that agent `a` applied it as exactly `want`
-    /// target revisions: from caught up before it to caught up after it, nothing else writes
-    /// the target.
+    /// Runs `write` (a source write, not started until awaited here) and checks that agent `a`
+    /// applied it as exactly `want` target revisions: from caught up before it to caught up
+    /// after it, nothing else writes the target.
     pub(in crate::scenario) async fn applied_as(
         &mut self,
         want: i64,
-        step: &dyn Step,
-        seed: u64,
+        write: impl std::future::Future<Output = anyhow::Result<String>>,
     ) -> anyhow::Result<String> {
         let mut src = self.src.clone();
         let mut dst = self.target.client().await?;
         super::caught_up(&self.agent("a")?.process, &mut src).await?;
         let before = super::current_revision(&mut dst).await?;
-        let note = step.run_detached(self.sides().await?, seed).await?;
+        let note = write.await?;
         super::caught_up(&self.agent("a")?.process, &mut src).await?;
         let moved = super::current_revision(&mut dst).await? - before;
         if moved != want {

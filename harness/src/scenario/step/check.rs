@@ -1,7 +1,6 @@
 //! Steps that wait and check: `sleep`, `wait`, `expect`. Their states (`until`, `condition`)
 //! are parsed into typed values when the file is read, so a typo fails the file, not the run.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use mirror_core::{ConditionType, HumanDuration, Phase};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{agent_a, is_a, sixty, Step};
+use super::{agent_a, is_a, sixty, ConditionIs, Step, Until};
 use crate::scenario::world::World;
 use crate::{check_g3, G3};
 
@@ -67,124 +66,6 @@ impl Step for Wait {
             .map_err(|why| anyhow::anyhow!("not reached within {timeout:?}: {why}"))?;
         Ok(String::new())
     }
-}
-
-/// What a `wait` waits for.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Until {
-    /// The agent's phase.
-    Phase(Phase),
-    /// A condition's status, and its reason when given (`TYPE=True/REASON`).
-    Condition(ConditionIs),
-    /// Target == source.
-    Equal,
-    /// Every background step has finished.
-    Background,
-    /// The agent's `last_error.reason` (`"last_error:REASON"`).
-    LastError(String),
-    /// The agent's watermark has reached the source's head revision: it has applied (or proved
-    /// idle) everything written so far and has nothing left to commit.
-    CaughtUp,
-}
-
-impl TryFrom<String> for Until {
-    type Error = anyhow::Error;
-
-    fn try_from(until: String) -> anyhow::Result<Until> {
-        parse_until(&until)
-    }
-}
-
-impl From<Until> for String {
-    fn from(until: Until) -> String {
-        until.to_string()
-    }
-}
-
-impl fmt::Display for Until {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Until::Phase(p) => write!(f, "phase:{}", p.as_str()),
-            Until::Condition(c) => write!(f, "condition:{c}"),
-            Until::Equal => f.write_str("equal"),
-            Until::Background => f.write_str("background"),
-            Until::LastError(r) => write!(f, "last_error:{r}"),
-            Until::CaughtUp => f.write_str("caught_up"),
-        }
-    }
-}
-
-/// Parses `until`.
-pub fn parse_until(until: &str) -> anyhow::Result<Until> {
-    if let Some(p) = until.strip_prefix("phase:") {
-        let phase = Phase::ALL.into_iter().find(|x| x.as_str() == p);
-        return phase.map(Until::Phase).ok_or_else(|| anyhow::anyhow!("phase: {p:?} is no phase"));
-    }
-    if let Some(c) = until.strip_prefix("condition:") {
-        return parse_condition(c).map(Until::Condition);
-    }
-    if let Some(r) = until.strip_prefix("last_error:") {
-        return Ok(Until::LastError(r.to_owned()));
-    }
-    match until {
-        "equal" => Ok(Until::Equal),
-        "background" => Ok(Until::Background),
-        "caught_up" => Ok(Until::CaughtUp),
-        other => bail!(
-            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\", \"caught_up\" or \"background\")"
-        ),
-    }
-}
-
-/// A condition's expected status, and its reason when given: `TYPE=True|False[/REASON]`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ConditionIs {
-    /// The condition.
-    pub type_: ConditionType,
-    /// Its status.
-    pub on: bool,
-    /// Its reason, when it matters.
-    pub reason: Option<String>,
-}
-
-impl TryFrom<String> for ConditionIs {
-    type Error = anyhow::Error;
-
-    fn try_from(c: String) -> anyhow::Result<ConditionIs> {
-        parse_condition(&c)
-    }
-}
-
-impl From<ConditionIs> for String {
-    fn from(c: ConditionIs) -> String {
-        c.to_string()
-    }
-}
-
-impl fmt::Display for ConditionIs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.type_, if self.on { "True" } else { "False" })?;
-        match &self.reason {
-            Some(r) => write!(f, "/{r}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Parses `"TYPE=True|False"`, optionally `/REASON`.
-pub fn parse_condition(c: &str) -> anyhow::Result<ConditionIs> {
-    let (c, reason) = match c.split_once('/') {
-        Some((c, reason)) => (c, Some(reason.to_owned())),
-        None => (c, None),
-    };
-    let (t, on) = match c.split_once('=') {
-        Some((t, "True")) => (t, true),
-        Some((t, "False")) => (t, false),
-        _ => bail!("condition: {c:?} (TYPE=True or TYPE=False, optionally /REASON)"),
-    };
-    Ok(ConditionIs { type_: t.parse()?, on, reason })
 }
 
 /// Checks every given fact; `equal`, `phase`, `condition` and `last_error` are retried until

@@ -82,7 +82,10 @@ impl Step for Revoke {
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
         match self.target_revisions {
-            Some(want) => world.applied_as(want, self, seed).await,
+            Some(want) => {
+                let sides = world.sides().await?;
+                world.applied_as(want, self.run_detached(sides, seed)).await
+            }
             None => self.run_detached(world.sides().await?, seed).await,
         }
     }
@@ -235,7 +238,10 @@ impl Step for Del {
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
         match self.target_revisions {
-            Some(want) => world.applied_as(want, self, seed).await,
+            Some(want) => {
+                let sides = world.sides().await?;
+                world.applied_as(want, self.run_detached(sides, seed)).await
+            }
             None => self.run_detached(world.sides().await?, seed).await,
         }
     }

@@ -10,9 +10,7 @@
 use std::fmt;
 
 use anyhow::bail;
-use etcd_client::Client;
 use mirror_core::HumanDuration;
-use serde::{Deserialize, Serialize};
 
 use super::world::World;
 
@@ -21,15 +19,18 @@ mod check;
 mod data;
 mod member;
 mod network;
+mod until;
 
+pub use crate::scenario::sides::{MemberRef, RevisionRef, SideName, Sides, Signal};
 pub use agent::{Cutover, ReloadAgent, StartAgent, StopAgent, Verify};
-pub use check::{parse_condition, parse_until, ConditionIs, Expect, Sleep, Until, Wait};
+pub use check::{Expect, Sleep, Wait};
 pub use data::{CheckPerf, Churn, Del, Load, Put, Revoke, Txn};
 pub use member::{
     AlarmDisarm, Compact, Defrag, KillMember, PauseMember, Restore, ResumeMember, Snapshot, StartMember,
     StopMember,
 };
 pub use network::{Delay, Heal, Partition};
+pub use until::{parse_condition, parse_until, ConditionIs, Until};
 
 /// One step kind. Keys in data steps are relative to the side's prefix.
 #[async_trait::async_trait]
@@ -83,92 +84,6 @@ impl fmt::Display for Line<'_> {
             table.iter().filter(|(k, _)| *k != "do").map(|(k, v)| format!("{k}={v}")).collect();
         write!(f, "{} {}", kind(self.0), rest.join(" "))
     }
-}
-
-/// Both sides of the link, for a step that only talks to the clusters.
-pub struct Sides {
-    /// A client of the source.
-    pub source: Client,
-    /// A client of the target.
-    pub target: Client,
-    /// `source.prefix`.
-    pub source_prefix: String,
-    /// `target.prefix`.
-    pub target_prefix: String,
-    /// The link's checkpoint key in the target.
-    pub checkpoint: Vec<u8>,
-}
-
-impl Sides {
-    /// The client of `side` and its prefix.
-    pub fn of(&mut self, side: SideName) -> (&mut Client, &str) {
-        match side {
-            SideName::Source => (&mut self.source, &self.source_prefix),
-            SideName::Target => (&mut self.target, &self.target_prefix),
-        }
-    }
-}
-
-/// Which side of the link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SideName {
-    /// The source cluster.
-    Source,
-    /// The target cluster.
-    Target,
-}
-
-/// A member: its index, or `"leader"`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum MemberRef {
-    /// By index, from 0.
-    Index(usize),
-    /// `"leader"`: whichever member leads when the step runs.
-    Named(String),
-}
-
-impl MemberRef {
-    /// The leader, whichever member it is when the step runs.
-    pub fn leader() -> MemberRef {
-        MemberRef::Named("leader".into())
-    }
-
-    fn check(&self) -> anyhow::Result<()> {
-        match self {
-            MemberRef::Named(n) if n != "leader" => bail!("member: {n:?} (an index or \"leader\")"),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// A signal for `stop_agent`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum Signal {
-    /// SIGTERM, then wait for the exit code.
-    #[default]
-    #[serde(rename = "TERM")]
-    Term,
-    /// SIGKILL.
-    #[serde(rename = "KILL")]
-    Kill,
-    /// SIGSTOP: frozen, not stopped.
-    #[serde(rename = "STOP")]
-    Stop,
-    /// SIGCONT.
-    #[serde(rename = "CONT")]
-    Cont,
-}
-
-/// `compact`'s revision: `"current"` or a number.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum RevisionRef {
-    /// A revision number.
-    At(i64),
-    /// `"current"`.
-    Named(String),
 }
 
 fn agent_a() -> String {

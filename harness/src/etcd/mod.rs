@@ -9,7 +9,6 @@
 //! containers carry the label `etcd-mirror.harness` so `scripts/test.sh` sweeps any that a
 //! killed test left behind.
 
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -17,11 +16,20 @@ use anyhow::{bail, Context as _};
 use etcd_client::Client;
 
 use crate::container::ContainerNode;
-use crate::pki::{self, Pki};
+use crate::pki::Pki;
 use crate::plan::MemberPlan;
 pub use crate::plan::{tools_dir, EtcdVersion};
 use crate::process::ProcessNode;
 use crate::proxy::FaultProxy;
+
+mod clients;
+mod node;
+
+use clients::client_settings;
+pub(crate) use clients::unique_id;
+pub use clients::{agent_client, wait_serving, Proxies};
+pub use node::Node;
+use node::NodeInner;
 
 /// How members are launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,111 +113,6 @@ impl ClusterSpec {
     pub fn tls(mut self, pki: &Pki) -> Self {
         self.tls = Some(pki.clone());
         self
-    }
-}
-
-enum NodeInner {
-    Process(ProcessNode),
-    Container(Box<ContainerNode>),
-}
-
-/// One member and its controls.
-pub struct Node {
-    plan: MemberPlan,
-    inner: NodeInner,
-}
-
-impl Node {
-    /// The member's name.
-    pub fn name(&self) -> &str {
-        &self.plan.name
-    }
-
-    /// The address clients on this host dial.
-    pub fn client_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.plan.client_port))
-    }
-
-    /// `http://127.0.0.1:PORT`, or `https://` for a TLS cluster.
-    pub fn endpoint(&self) -> String {
-        format!("{}://{}", self.plan.client_scheme(), self.client_addr())
-    }
-
-    /// The `[tls]` block a client of this member needs (the PKI's CA and client certificate).
-    pub fn client_tls(&self) -> Option<mirror_core::Tls> {
-        self.plan.tls.as_deref().map(pki::client_tls_in)
-    }
-
-    /// Everything the member logged so far (stdout and stderr).
-    pub fn log(&self) -> String {
-        match &self.inner {
-            NodeInner::Process(_) => {
-                std::fs::read_to_string(self.plan.data_dir.with_extension("log")).unwrap_or_default()
-            }
-            NodeInner::Container(c) => c.logs(),
-        }
-    }
-
-    /// Graceful stop (SIGTERM); data is kept.
-    pub async fn stop(&mut self) -> anyhow::Result<()> {
-        match &mut self.inner {
-            NodeInner::Process(p) => p.stop().await,
-            NodeInner::Container(c) => c.stop().await,
-        }
-    }
-
-    /// SIGKILL; data is kept.
-    pub async fn kill(&mut self) -> anyhow::Result<()> {
-        match &mut self.inner {
-            NodeInner::Process(p) => p.kill().await,
-            NodeInner::Container(c) => c.kill().await,
-        }
-    }
-
-    /// Starts a stopped or killed member on its data and waits until it serves.
-    /// Its client port stays the one in its plan; if a short-lived outgoing connection holds
-    /// that port just now, the start is retried for a few seconds.
-    pub async fn start(&mut self) -> anyhow::Result<()> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let started = match &mut self.inner {
-                NodeInner::Process(p) => p.start(&self.plan).await,
-                NodeInner::Container(c) => c.start(&self.plan).await,
-            };
-            match started {
-                Ok(()) => break,
-                Err(e) if attempt < 10 && format!("{e:#}").contains("address already in use") => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        wait_serving(&[self.endpoint()], self.client_tls().as_ref(), Duration::from_secs(30)).await
-    }
-
-    /// Stops the member and starts it again with `extra_args` replacing the cluster's extra
-    /// flags (for example a larger `--quota-backend-bytes`).
-    pub async fn restart_with(&mut self, extra_args: Vec<String>) -> anyhow::Result<()> {
-        self.stop().await?;
-        self.plan.extra_args = extra_args;
-        self.start().await
-    }
-
-    /// Freezes the member (SIGSTOP / docker pause): it holds connections but answers nothing.
-    pub async fn pause(&mut self) -> anyhow::Result<()> {
-        match &mut self.inner {
-            NodeInner::Process(p) => p.signal(libc::SIGSTOP),
-            NodeInner::Container(c) => c.pause().await,
-        }
-    }
-
-    /// Thaws a paused member.
-    pub async fn unpause(&mut self) -> anyhow::Result<()> {
-        match &mut self.inner {
-            NodeInner::Process(p) => p.signal(libc::SIGCONT),
-            NodeInner::Container(c) => c.unpause().await,
-        }
     }
 }
 
@@ -517,91 +420,4 @@ impl EtcdCluster {
         }
         Ok(Proxies(all))
     }
-}
-
-/// Fault proxies in front of every member of one cluster.
-pub struct Proxies(Vec<FaultProxy>);
-
-impl Proxies {
-    /// Endpoints through the proxies.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.0.iter().map(FaultProxy::endpoint).collect()
-    }
-
-    /// Blackholes the whole side.
-    pub fn cut(&self) {
-        self.0.iter().for_each(FaultProxy::cut);
-    }
-
-    /// Delays every chunk to and from the whole side.
-    pub fn delay(&self, delay: std::time::Duration) {
-        self.0.iter().for_each(|p| p.delay(delay));
-    }
-
-    /// Ends a cut and a delay on every member.
-    pub fn heal(&self) {
-        self.0.iter().for_each(FaultProxy::heal);
-    }
-}
-
-/// A client through mirror-core's connect, the path the agent takes (keepalive, require-leader,
-/// TLS with `tls`).
-pub async fn agent_client(
-    endpoints: &[String],
-    tls: Option<&mirror_core::Tls>,
-    dial_timeout: Duration,
-) -> Result<Client, mirror_core::EtcdError> {
-    let (side, sync) = client_settings(endpoints, tls, dial_timeout);
-    mirror_core::connect(mirror_core::Side::Source, &side, &sync).await
-}
-
-fn client_settings(
-    endpoints: &[String],
-    tls: Option<&mirror_core::Tls>,
-    dial_timeout: Duration,
-) -> (mirror_core::SideConfig, mirror_core::SyncSection) {
-    let side = mirror_core::SideConfig {
-        endpoints: endpoints.to_vec(),
-        prefix: String::new(),
-        tls: tls.cloned(),
-        auth: None,
-    };
-    let sync = mirror_core::SyncSection {
-        dial_timeout: mirror_core::HumanDuration(dial_timeout),
-        request_timeout: mirror_core::HumanDuration(Duration::from_secs(5)),
-        ..mirror_core::SyncSection::default()
-    };
-    (side, sync)
-}
-
-/// Polls until a linearizable read succeeds on `endpoints` (over TLS with `tls`).
-pub async fn wait_serving(
-    endpoints: &[String],
-    tls: Option<&mirror_core::Tls>,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut last = String::from("no attempt");
-    while tokio::time::Instant::now() < deadline {
-        let attempt = async {
-            let mut c = agent_client(endpoints, tls, Duration::from_secs(2)).await?;
-            c.get("/__harness_probe", None).await?;
-            anyhow::Ok(())
-        };
-        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => last = e.to_string(),
-            Err(_) => last = "probe timed out".into(),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("etcd at {endpoints:?} not serving after {within:?}: {last}")
-}
-
-pub(crate) fn unique_id() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    format!("{:x}{:x}{}", std::process::id(), nanos & 0xffff, N.fetch_add(1, Ordering::Relaxed))
 }

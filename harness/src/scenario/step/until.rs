@@ -1,0 +1,194 @@
+//! The states `wait` waits for and `expect` retries: parsed when the file is read, evaluated
+//! against the [`World`] while the scenario runs.
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::bail;
+use mirror_core::{ConditionType, Phase};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::scenario::world::World;
+
+/// What a `wait` waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Until {
+    /// The agent's phase.
+    Phase(Phase),
+    /// A condition's status, and its reason when given (`TYPE=True/REASON`).
+    Condition(ConditionIs),
+    /// Target == source.
+    Equal,
+    /// Every background step has finished.
+    Background,
+    /// The agent's `last_error.reason` (`"last_error:REASON"`).
+    LastError(String),
+    /// The agent's watermark has reached the source's head revision: it has applied (or proved
+    /// idle) everything written so far and has nothing left to commit.
+    CaughtUp,
+}
+
+impl TryFrom<String> for Until {
+    type Error = anyhow::Error;
+
+    fn try_from(until: String) -> anyhow::Result<Until> {
+        parse_until(&until)
+    }
+}
+
+impl From<Until> for String {
+    fn from(until: Until) -> String {
+        until.to_string()
+    }
+}
+
+impl fmt::Display for Until {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Until::Phase(p) => write!(f, "phase:{}", p.as_str()),
+            Until::Condition(c) => write!(f, "condition:{c}"),
+            Until::Equal => f.write_str("equal"),
+            Until::Background => f.write_str("background"),
+            Until::LastError(r) => write!(f, "last_error:{r}"),
+            Until::CaughtUp => f.write_str("caught_up"),
+        }
+    }
+}
+
+/// Parses `until`.
+pub fn parse_until(until: &str) -> anyhow::Result<Until> {
+    if let Some(p) = until.strip_prefix("phase:") {
+        let phase = Phase::ALL.into_iter().find(|x| x.as_str() == p);
+        return phase.map(Until::Phase).ok_or_else(|| anyhow::anyhow!("phase: {p:?} is no phase"));
+    }
+    if let Some(c) = until.strip_prefix("condition:") {
+        return parse_condition(c).map(Until::Condition);
+    }
+    if let Some(r) = until.strip_prefix("last_error:") {
+        return Ok(Until::LastError(r.to_owned()));
+    }
+    match until {
+        "equal" => Ok(Until::Equal),
+        "background" => Ok(Until::Background),
+        "caught_up" => Ok(Until::CaughtUp),
+        other => bail!(
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\", \"caught_up\" or \"background\")"
+        ),
+    }
+}
+
+/// A condition's expected status, and its reason when given: `TYPE=True|False[/REASON]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ConditionIs {
+    /// The condition.
+    pub type_: ConditionType,
+    /// Its status.
+    pub on: bool,
+    /// Its reason, when it matters.
+    pub reason: Option<String>,
+}
+
+impl TryFrom<String> for ConditionIs {
+    type Error = anyhow::Error;
+
+    fn try_from(c: String) -> anyhow::Result<ConditionIs> {
+        parse_condition(&c)
+    }
+}
+
+impl From<ConditionIs> for String {
+    fn from(c: ConditionIs) -> String {
+        c.to_string()
+    }
+}
+
+impl fmt::Display for ConditionIs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.type_, if self.on { "True" } else { "False" })?;
+        match &self.reason {
+            Some(r) => write!(f, "/{r}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Parses `"TYPE=True|False"`, optionally `/REASON`.
+pub fn parse_condition(c: &str) -> anyhow::Result<ConditionIs> {
+    let (c, reason) = match c.split_once('/') {
+        Some((c, reason)) => (c, Some(reason.to_owned())),
+        None => (c, None),
+    };
+    let (t, on) = match c.split_once('=') {
+        Some((t, "True")) => (t, true),
+        Some((t, "False")) => (t, false),
+        _ => bail!("condition: {c:?} (TYPE=True or TYPE=False, optionally /REASON)"),
+    };
+    Ok(ConditionIs { type_: t.parse()?, on, reason })
+}
+
+impl World<'_> {
+    /// Whether `until` holds now: `Ok(None)` when it does, `Ok(Some(why not))` otherwise.
+    pub(in crate::scenario) async fn holds(
+        &mut self,
+        until: &Until,
+        id: &str,
+    ) -> anyhow::Result<Option<String>> {
+        match until {
+            Until::Phase(p) => {
+                let s = self.status(id).await?;
+                Ok((s.phase != *p).then(|| format!("phase is {}", s.phase.as_str())))
+            }
+            Until::Condition(want) => {
+                let s = self.status(id).await?;
+                let c = s.conditions.iter().find(|c| c.type_ == want.type_);
+                let reason_ok = want.reason.as_ref().is_none_or(|r| c.is_some_and(|c| c.reason == *r));
+                Ok((c.map(|c| c.status) != Some(want.on) || !reason_ok).then(|| match c {
+                    Some(c) => format!("{}={} ({}: {})", c.type_, c.status_name(), c.reason, c.message),
+                    None => format!("{} not reported", want.type_),
+                }))
+            }
+            Until::LastError(want) => {
+                let s = self.status(id).await?;
+                let got = s.last_error.as_ref().map(|e| e.reason.as_str());
+                Ok((got != Some(want.as_str())).then(|| match &s.last_error {
+                    Some(e) => format!("last_error is {} ({})", e.reason, e.message),
+                    None => "no last_error".to_owned(),
+                }))
+            }
+            Until::Equal => self.difference().await,
+            Until::Background => {
+                self.join_background().await?;
+                Ok(None)
+            }
+            Until::CaughtUp => {
+                let head = crate::scenario::current_revision(&mut self.src).await?;
+                let s = self.status(id).await?;
+                Ok((s.watermark < head)
+                    .then(|| format!("watermark {} below source head {head}", s.watermark)))
+            }
+        }
+    }
+
+    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed.
+    pub(in crate::scenario) async fn poll_until(
+        &mut self,
+        until: &Until,
+        id: &str,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        loop {
+            let why = match self.holds(until, id).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(why)) => why,
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                return Err(why);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

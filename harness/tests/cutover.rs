@@ -102,15 +102,7 @@ async fn drain_mode_daemon_reports_cutover() {
 #[tokio::test]
 async fn cutover_with_moving_source_exits_non_zero() {
     let (source, target) = pair().await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/mv/", 300, 16).await.unwrap();
-    let cfg = scenario::fast_config(&source, &target, "moving", "/mv/");
-    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
-    daemon
-        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
-        .await
-        .unwrap();
-    daemon.terminate().await.unwrap();
+    let (src, cfg) = synced_then_stopped(&source, &target, "moving", "/mv/", 300).await;
     let writer = {
         let mut c = src.clone();
         tokio::spawn(async move {
@@ -133,15 +125,7 @@ async fn cutover_with_moving_source_exits_non_zero() {
 #[tokio::test]
 async fn cutover_sees_deletes_after_the_drain() {
     let (source, target) = pair().await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/dl/", 600, 16).await.unwrap();
-    let cfg = scenario::fast_config(&source, &target, "deletes", "/dl/");
-    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
-    daemon
-        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
-        .await
-        .unwrap();
-    daemon.terminate().await.unwrap();
+    let (src, cfg) = synced_then_stopped(&source, &target, "deletes", "/dl/", 600).await;
     let deleter = {
         let mut c = src.clone();
         tokio::spawn(async move {
@@ -156,4 +140,25 @@ async fn cutover_sees_deletes_after_the_drain() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("kept changing") && stderr.contains("deleted"), "{stderr}");
+}
+
+/// `keys` keys under `prefix`, mirrored by a daemon that then stops: the link is synced and no
+/// agent runs when the test goes on. Returns a source client and the link's config.
+async fn synced_then_stopped(
+    source: &EtcdCluster,
+    target: &EtcdCluster,
+    link: &str,
+    prefix: &str,
+    keys: usize,
+) -> (Client, AgentConfig) {
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, prefix, keys, 16).await.unwrap();
+    let cfg = scenario::fast_config(source, target, link, prefix);
+    let mut daemon = AgentProcess::start(&cfg).await.unwrap();
+    daemon
+        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
+        .await
+        .unwrap();
+    daemon.terminate().await.unwrap();
+    (src, cfg)
 }

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use mirror_core::testing::MINIMAL_CONFIG;
+
 fn agent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mirror-agent"))
 }
@@ -12,23 +14,15 @@ fn write(text: &str) -> tempfile::NamedTempFile {
     f
 }
 
-const VALID: &str = r#"
-link_uid = "orders-dr"
-[source]
-endpoints = ["http://127.0.0.1:2379"]
-prefix = "/registry/"
-[target]
-endpoints = ["http://127.0.0.1:3379"]
-prefix = "/registry/"
-[target.auth]
-username = "mirror"
-password_env = "TARGET_PASSWORD"
-"#;
+/// A valid file with a target user whose password comes from the environment.
+fn valid() -> String {
+    format!("{MINIMAL_CONFIG}[target.auth]\nusername = \"mirror\"\npassword_env = \"TARGET_PASSWORD\"\n")
+}
 
 /// A valid file exits 0 and prints the effective config, defaults included.
 #[test]
 fn check_config_prints_effective_config() {
-    let f = write(VALID);
+    let f = write(&valid());
     let out = agent().arg("check-config").arg(f.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -40,7 +34,7 @@ fn check_config_prints_effective_config() {
 /// An invalid file exits 2 and names every broken field with its rule.
 #[test]
 fn check_config_rejects_with_exit_2_and_field_names() {
-    let f = write(&VALID.replace("link_uid = \"orders-dr\"", "epoch = 0"));
+    let f = write(&valid().replace("link_uid = \"orders-dr\"", "epoch = 0"));
     let out = agent().arg("check-config").arg(f.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
@@ -51,7 +45,7 @@ fn check_config_rejects_with_exit_2_and_field_names() {
 /// An inline password is refused and never echoed.
 #[test]
 fn check_config_never_echoes_a_password() {
-    let f = write(&VALID.replace("password_env = \"TARGET_PASSWORD\"", "password = \"hunter2\""));
+    let f = write(&valid().replace("password_env = \"TARGET_PASSWORD\"", "password = \"hunter2\""));
     let out = agent().arg("check-config").arg(f.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -2,15 +2,7 @@ use rstest::rstest;
 
 use super::*;
 
-const BASE: &str = r#"
-link_uid = "orders-dr"
-[source]
-endpoints = ["http://127.0.0.1:2379"]
-prefix = "/registry/"
-[target]
-endpoints = ["http://127.0.0.1:3379"]
-prefix = "/registry/"
-"#;
+use crate::testing::MINIMAL_CONFIG as BASE;
 
 /// BASE with `extra` merged in: keys in `extra` replace BASE's keys of the same table.
 fn merged(extra: &str) -> String {

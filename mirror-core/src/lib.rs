@@ -36,6 +36,8 @@ mod pager;
 mod side;
 mod status;
 mod stride;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 mod units;
 

@@ -2,15 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::keys::KeyRewriter;
-
-/// A client that never dials: these tests look at paging decisions, not at answers.
-async fn lazy_kv() -> KvClient {
-    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-    etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None)
-        .await
-        .expect("a lazy channel needs no server")
-        .kv_client()
-}
+use crate::testing::lazy_kv;
 
 fn opts(key_limit: i64, page_bytes: usize) -> PagerOptions {
     PagerOptions::new("test page", key_limit, page_bytes, Duration::from_secs(1))

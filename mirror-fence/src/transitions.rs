@@ -62,21 +62,8 @@ mod tests {
     use super::*;
 
     fn claimed(r0: i64) -> Checkpoint {
-        Checkpoint {
-            link_uid: "l".into(),
-            epoch: 1,
-            role: Role::Mirror,
-            watermark: 0,
-            scanning: false,
-            scan_cursor: Vec::new(),
-            prune_pending: false,
-            source_cluster_id: 1,
-            target_cluster_id: 2,
-            agent_id: "a".into(),
-            commit: String::new(),
-            range: "r".into(),
-        }
-        .scan_progress(r0, Vec::new(), true)
+        Checkpoint { range: "r".into(), ..crate::checkpoint::test_record("l", 1, Role::Mirror) }
+            .scan_progress(r0, Vec::new(), true)
     }
 
     /// A whole initial sync: scan chunks move the cursor, the sweep keeps it, the replay ends

@@ -119,15 +119,9 @@ impl Scanner {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use mirror_core::testing::lazy_kv;
 
-    async fn lazy_kv() -> KvClient {
-        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-        etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None)
-            .await
-            .expect("a lazy channel needs no server")
-            .kv_client()
-    }
+    use super::*;
 
     /// A scan starts with a small page (large values never make the first answer huge), never
     /// above `page_key_limit`, and a resumed scan keeps those limits.

@@ -49,7 +49,7 @@ impl Step for Load {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        self.run_detached(world.sides().await?, seed).await
+        write(self, world, seed, None).await
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
@@ -81,13 +81,7 @@ impl Step for Revoke {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        match self.target_revisions {
-            Some(want) => {
-                let sides = world.sides().await?;
-                world.applied_as(want, self.run_detached(sides, seed)).await
-            }
-            None => self.run_detached(world.sides().await?, seed).await,
-        }
+        write(self, world, seed, self.target_revisions).await
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
@@ -127,7 +121,7 @@ impl Step for Churn {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        self.run_detached(world.sides().await?, seed).await
+        write(self, world, seed, None).await
     }
 
     async fn run_detached(&self, sides: Sides, seed: u64) -> anyhow::Result<String> {
@@ -184,7 +178,7 @@ impl Step for Put {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        self.run_detached(world.sides().await?, seed).await
+        write(self, world, seed, None).await
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
@@ -237,13 +231,7 @@ impl Step for Del {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        match self.target_revisions {
-            Some(want) => {
-                let sides = world.sides().await?;
-                world.applied_as(want, self.run_detached(sides, seed)).await
-            }
-            None => self.run_detached(world.sides().await?, seed).await,
-        }
+        write(self, world, seed, self.target_revisions).await
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
@@ -336,7 +324,7 @@ impl Step for Txn {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        self.run_detached(world.sides().await?, seed).await
+        write(self, world, seed, None).await
     }
 
     async fn run_detached(&self, mut sides: Sides, seed: u64) -> anyhow::Result<String> {
@@ -348,6 +336,21 @@ impl Step for Txn {
         let rev =
             source.txn(etcd_client::Txn::new().and_then(puts)).await?.header().map_or(0, |h| h.revision());
         Ok(format!("{} puts at {rev}", self.ops))
+    }
+}
+
+/// Runs a write step in the foreground: with `target_revisions`, checks that agent `a`
+/// applies it as exactly that many target revisions.
+pub(super) async fn write(
+    step: &dyn Step,
+    world: &mut World<'_>,
+    seed: u64,
+    target_revisions: Option<i64>,
+) -> anyhow::Result<String> {
+    let sides = world.sides().await?;
+    match target_revisions {
+        Some(want) => world.applied_as(want, step.run_detached(sides, seed)).await,
+        None => step.run_detached(sides, seed).await,
     }
 }
 

@@ -170,7 +170,7 @@ impl Step for Compact {
     }
 
     async fn run(&self, world: &mut World, seed: u64) -> anyhow::Result<String> {
-        self.run_detached(world.sides().await?, seed).await
+        super::data::write(self, world, seed, None).await
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {

@@ -23,6 +23,8 @@
 //!   the page instead of failing the pass.
 //!
 //! - **Sweep.** [`Sweep`] yields the orphans a prune must delete, never another link's keys.
+//! - **Repairs.** [`Repairs`] turns a comparison into Txn-sized chunks of repairs under the
+//!   caller's orphan scope: the one repair loop of the reconcile and settle passes.
 //!
 //! ## What it deliberately does not do
 //! It never writes: repairs are returned as [`Difference`]s for the agent to commit through its
@@ -37,8 +39,10 @@ use mirror_core::{EtcdError, KeyRange, KeyRewriter, Op, Pager, PagerOptions, Sid
 use sha2::{Digest, Sha256};
 
 mod links;
+mod repairs;
 
 pub use links::{find_foreign_link, find_reverse_link, foreign_dest_prefixes, ForeignLink};
+pub use repairs::Repairs;
 
 /// One key/value read from a side, its key in *target* form.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Diff-and-repair: the prune sweep, the periodic reconcile pass, and drain verification.
 
 use mirror_core::{now_rfc3339, ConditionType, ErrorClass, Fault, Phase, Side};
+use mirror_reconcile::Repairs;
 use mirror_watch::Op;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -192,14 +193,14 @@ impl Run<'_> {
         }
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
-        let mut differ = self.differ_at_watermark();
-        let mut chunker = self.chunker();
+        let mut repairs =
+            Repairs::new(self.differ_at_watermark(), self.chunker(), |_: &[u8], _| delete_orphans);
         let rate = sync.max_ops_per_second.max(0) as f64;
         let mut repaired = 0u64;
         loop {
             self.engine.stop_if_shutting_down()?;
-            let diff = match differ.next_difference().await {
-                Ok(d) => d,
+            let chunk = match repairs.next_chunk().await {
+                Ok(chunk) => chunk,
                 Err(e) if e.side == Side::Source && e.fault == Fault::FutureRevision => {
                     // The watermark is ahead of the source: it went back (SPEC §6), not compacted.
                     let source_revision = self.source_revision().await?;
@@ -213,27 +214,16 @@ impl Run<'_> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let done = diff.is_none();
-            let full = match diff.map(|d| d.repair(|_, _| delete_orphans)) {
-                Some(Some(op)) => chunker.push(op),
-                Some(None) => None,
-                None => chunker.take(),
-            };
-            if let Some(batch) = full {
-                let n = batch.len() as u64;
-                self.commit_keep(&batch).await?;
-                repaired += n;
-                // commit_with_retry paced the repair; a long paced pass must not let the
-                // source's events pile up in this process.
-                if rate > 0.0 && repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
-                    info!("long paced repair: source watch cancelled; will re-watch from the watermark");
-                }
-            }
-            if done && chunker.is_empty() {
-                break;
+            let Some(batch) = chunk else { break };
+            self.commit_keep(&batch).await?;
+            repaired += batch.len() as u64;
+            // commit_with_retry paced the repair; a long paced pass must not let the source's
+            // events pile up in this process.
+            if rate > 0.0 && repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
+                info!("long paced repair: source watch cancelled; will re-watch from the watermark");
             }
         }
-        let c = &differ.counts;
+        let c = repairs.counts();
         let drift = !c.equal();
         let held = !drift && c.source_keys == c.target_keys;
         if drift {

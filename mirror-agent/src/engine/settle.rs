@@ -2,6 +2,7 @@
 //! that ends on an idle source (see the engine module doc).
 
 use mirror_core::ErrorClass;
+use mirror_reconcile::Repairs;
 use tracing::{info, warn};
 
 use super::{EngineError, Run, DRAIN_SETTLE_ATTEMPTS};
@@ -26,18 +27,18 @@ impl Run<'_> {
         let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
         info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
         let page = self.page_options("settle page").at_revision(end);
-        let mut differ = mirror_reconcile::Differ::new(
+        let differ = mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),
             self.source.kv_client(),
             self.target_kv.clone(),
             page,
         );
-        let mut chunker = self.chunker();
-        let mut differences = 0u64;
+        let mut repairs =
+            Repairs::new(differ, self.chunker(), |key: &[u8], mod_revision| scope.deletes(key, mod_revision));
         loop {
             self.engine.stop_if_shutting_down()?;
-            let diff = match differ.next_difference().await {
-                Ok(d) => d,
+            let chunk = match repairs.next_chunk().await {
+                Ok(chunk) => chunk,
                 Err(e) if e.class() == ErrorClass::Resync => {
                     // `end` was compacted away while comparing: settle at the current revision
                     // next time; the watch still delivers everything in between.
@@ -52,21 +53,12 @@ impl Run<'_> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let Some(diff) = diff else { break };
-            let Some(op) = diff.repair(|key, mod_revision| scope.deletes(key, mod_revision)) else {
-                continue;
-            };
-            differences += 1;
-            if !repair {
-                continue;
-            }
-            if let Some(batch) = chunker.push(op) {
-                self.commit_keep(&batch).await?;
+            let Some(chunk) = chunk else { break };
+            if repair {
+                self.commit_keep(&chunk).await?;
             }
         }
-        if let Some(batch) = chunker.take() {
-            self.commit_keep(&batch).await?;
-        }
+        let differences = repairs.found();
         if differences > 0 && !repair {
             self.drain_settles += 1;
             info!(end, differences, "target still behind the source at {end}; waiting for the watch");

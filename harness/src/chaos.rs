@@ -287,6 +287,8 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         max_lag_revisions: None,
         max_watch_restarts: None,
         during: None,
+        checkpoint_role: None,
+        target_still_for: None,
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

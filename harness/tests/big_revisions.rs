@@ -8,8 +8,8 @@ use harness::scenario::{self, caught_up, current_revision, synced};
 use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 use rstest::rstest;
 
-/// Runs `op` on the source and returns how many revisions the target moved while the agent
-/// applied it (the agent writes nothing else while the source is otherwise idle).
+/// Runs `op` on the source and returns how many target revisions the agent applied it as
+/// (revisions that changed a mirrored key; checkpoint-only commits apply nothing).
 async fn target_revisions_for<F: std::future::Future<Output = ()>>(
     agent: &AgentProcess,
     src: &mut Client,
@@ -20,7 +20,10 @@ async fn target_revisions_for<F: std::future::Future<Output = ()>>(
     let before = current_revision(dst).await.unwrap();
     op.await;
     caught_up(agent, src).await.unwrap();
-    current_revision(dst).await.unwrap() - before
+    let after = current_revision(dst).await.unwrap();
+    let config = agent.config();
+    let checkpoint = config.parsed().unwrap().checkpoint_key();
+    scenario::data_revisions(dst, &config.target_prefix, &checkpoint, before, after).await.unwrap()
 }
 
 #[rstest]

@@ -41,6 +41,7 @@ fn record(watermark: i64) -> Checkpoint {
         agent_id: "mirror-0/1".into(),
         commit: String::new(),
         range: String::new(),
+        confirmed_time: String::new(),
     }
 }
 

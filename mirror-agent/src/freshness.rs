@@ -22,6 +22,8 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
     let quiet = since(s.progress_at);
     s.lag_seconds = lag.as_secs_f64();
     s.seconds_since_progress = quiet.as_secs_f64();
+    let confirmed = s.confirmed_time.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+    s.confirmed_age_seconds = since(confirmed).as_secs_f64();
     let exceeded = s.lag_revisions > 0 && (lag > rule.max_lag || quiet > rule.max_lag);
     let was = s.condition(ConditionType::ReplicationLagExceeded);
     if exceeded || was {

@@ -8,14 +8,16 @@
 //!   independently of the engine. SIGTERM and SIGINT stop it within a step in any phase (exit
 //!   0); SIGHUP reloads the config; a config error exits 2; an engine error never exits, it
 //!   parks the engine in `failed` or `standby`.
-//! - `check-config`, `status`, `verify` (`verify.rs`, read-only) and `cutover` (`cutover.rs`)
-//!   are one-shot commands for operators and scripts.
+//! - `check-config`, `status`, `verify` (`verify.rs`, read-only), `cutover` (`cutover.rs`) and
+//!   `failover` (`failover.rs`: promote the target without the source) are one-shot commands
+//!   for operators and scripts.
 //!
 //! What it deliberately does not do: it never writes to the source, never writes outside the
 //! destination range and its reserved keys, and never retries a failed fence compare blindly.
 
 mod cutover;
 mod engine;
+mod failover;
 mod freshness;
 mod http;
 mod metrics;
@@ -75,6 +77,17 @@ enum Command {
         #[arg(long)]
         allow_moving_source: bool,
     },
+    /// The source is lost: promote the target without it and print the data-loss window.
+    /// Exit 0 once promoted (or already), 1 while the source answers (unless --force).
+    Failover {
+        /// The TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Promote even though a source endpoint answers (its writes after the watermark are
+        /// abandoned).
+        #[arg(long)]
+        force: bool,
+    },
     /// Compare source and target (read-only); exit 0 only when equal.
     Verify {
         /// The TOML config file.
@@ -117,6 +130,14 @@ fn main() -> ExitCode {
                 let _ =
                     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
                 runtime().block_on(cutover::cutover(c, allow_moving_source))
+            }
+            Err(e) => config_error(&config, &e),
+        },
+        Command::Failover { config, force } => match Config::load(&config) {
+            Ok(c) => {
+                let _ =
+                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+                runtime().block_on(failover::failover(c, force))
             }
             Err(e) => config_error(&config, &e),
         },

@@ -195,6 +195,12 @@ impl Collector for StatusCollector {
         gauge(&mut e, "initial_sync_complete", "1 once G3 holds", flag(ConditionType::InitialSyncComplete))?;
         gauge(
             &mut e,
+            "confirmed_age_seconds",
+            "Seconds since the source was last confirmed at or below the watermark: what a failover now would lose at most",
+            s.confirmed_age_seconds,
+        )?;
+        gauge(
+            &mut e,
             "seconds_since_progress",
             "Seconds since the watermark last moved or was confirmed current",
             s.seconds_since_progress,

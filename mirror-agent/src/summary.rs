@@ -110,6 +110,11 @@ pub fn render(s: &Status, colour: bool) -> String {
         }
     };
     let _ = writeln!(out, "initial sync {initial}");
+    if let Some(at) = &s.confirmed_time {
+        // What a failover now would lose at most: the source's writes since then.
+        let _ =
+            writeln!(out, "confirmed   source at the watermark {:.0} s ago ({at})", s.confirmed_age_seconds);
+    }
     let reconcile = match &s.last_reconcile {
         None => "none yet".to_owned(),
         Some(r) => format!(

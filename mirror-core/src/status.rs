@@ -198,6 +198,13 @@ pub struct Status {
     pub lag_seconds: f64,
     /// When the watermark last advanced or was confirmed current (RFC 3339).
     pub last_progress_time: Option<String>,
+    /// When the source was last confirmed at or below the watermark, as the checkpoint stores
+    /// it (RFC 3339): a failover now would lose at most what the source took since.
+    #[serde(default)]
+    pub confirmed_time: Option<String>,
+    /// Seconds since `confirmed_time` (0 before any confirmation), refreshed every second.
+    #[serde(default)]
+    pub confirmed_age_seconds: f64,
     /// Seconds since `last_progress_time` (0 before any progress); refreshed every second even
     /// when the engine is stuck, so a wedged loop shows.
     #[serde(default)]

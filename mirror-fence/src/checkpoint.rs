@@ -56,6 +56,11 @@ pub struct Checkpoint {
     /// restart under another range forces a resync with prune. Empty when unknown (records
     /// written before it existed).
     pub range: String,
+    /// When the source was last confirmed at or below `watermark` (RFC 3339, UTC): a trusted
+    /// progress reply, the idle proof, or an apply that caught up with the source's header
+    /// revision. What a failover would lose is at most what the source took since. Empty when
+    /// never confirmed (records written before it existed, or a sync that has not caught up).
+    pub confirmed_time: String,
 }
 
 /// Why a stored record was refused. Each variant names the field.
@@ -94,12 +99,13 @@ const FIELDS: &[&str] = &[
     "agent_id",
     "commit",
     "range",
+    "confirmed_time",
 ];
 
 impl Checkpoint {
     /// Encodes as compact JSON v1.
     pub fn encode(&self) -> Vec<u8> {
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "v": VERSION,
             "link_uid": self.link_uid,
             "epoch": self.epoch,
@@ -114,6 +120,9 @@ impl Checkpoint {
             "commit": self.commit,
             "range": self.range,
         });
+        if !self.confirmed_time.is_empty() {
+            value["confirmed_time"] = self.confirmed_time.clone().into();
+        }
         serde_json::to_vec(&value).expect("a JSON value always serialises")
     }
 
@@ -167,6 +176,7 @@ impl Checkpoint {
             agent_id: r.str("agent_id")?,
             commit: r.optional_str("commit")?,
             range: r.optional_str("range")?,
+            confirmed_time: r.optional_time("confirmed_time")?,
         })
     }
 }
@@ -187,6 +197,7 @@ pub(crate) fn test_record(link: &str, epoch: u64, role: Role) -> Checkpoint {
         agent_id: "a".into(),
         commit: String::new(),
         range: String::new(),
+        confirmed_time: String::new(),
     }
 }
 
@@ -219,6 +230,16 @@ impl Reader<'_> {
             None => Ok(String::new()),
             Some(_) => self.str(field),
         }
+    }
+
+    /// An optional RFC 3339 time: absent reads as empty; present, it must parse.
+    fn optional_time(&self, field: &'static str) -> Result<String, DecodeError> {
+        let s = self.optional_str(field)?;
+        if !s.is_empty() {
+            humantime::parse_rfc3339_weak(&s)
+                .map_err(|e| invalid(field, format!("{s:?} is not an RFC 3339 time: {e}")))?;
+        }
+        Ok(s)
     }
 
     /// Cluster ids are 64-bit and written as decimal strings, because JSON numbers lose

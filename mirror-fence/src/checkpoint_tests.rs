@@ -18,6 +18,7 @@ fn sample() -> Checkpoint {
         agent_id: "host-a/42".into(),
         commit: "0123456789abcdef-7".into(),
         range: "sha256:00ff".into(),
+        confirmed_time: "2026-12-01T17:00:00Z".into(),
     }
 }
 
@@ -63,6 +64,7 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
                     agent_id,
                     commit: format!("{s:016x}-{t}"),
                     range: String::new(),
+                    confirmed_time: if scanning { String::new() } else { "2026-12-01T17:00:00Z".into() },
                 }
             },
         )
@@ -112,6 +114,8 @@ proptest! {
 #[case::agent_id_missing("agent_id", None)]
 #[case::commit_number("commit", Some(json!(1)))]
 #[case::range_null("range", Some(Value::Null))]
+#[case::confirmed_time_not_a_time("confirmed_time", Some(json!("yesterday")))]
+#[case::confirmed_time_number("confirmed_time", Some(json!(1733072400)))]
 fn malformed_field_fails_closed(#[case] field: &str, #[case] value: Option<Value>) {
     let mut v = sample_json();
     let obj = v.as_object_mut().unwrap();
@@ -152,4 +156,16 @@ fn records_without_the_later_fields_decode() {
     obj.remove("range");
     let record = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!((record.commit.as_str(), record.range.as_str()), ("", ""));
+}
+
+/// A record without `confirmed_time` (written before it existed, or never confirmed) decodes
+/// with it empty, and encodes without the field again.
+#[test]
+fn confirmed_time_is_optional() {
+    let mut v = sample_json();
+    v.as_object_mut().unwrap().remove("confirmed_time");
+    let old = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+    assert_eq!(old, Checkpoint { confirmed_time: String::new(), ..sample() });
+    let again: Value = serde_json::from_slice(&old.encode()).unwrap();
+    assert!(again.get("confirmed_time").is_none(), "{again}");
 }

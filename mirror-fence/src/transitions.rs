@@ -51,6 +51,17 @@ impl Checkpoint {
         Checkpoint { scanning: false, scan_cursor: Vec::new(), prune_pending: false, ..self.clone() }
     }
 
+    /// The source was confirmed at or below the watermark at `time` (RFC 3339).
+    pub fn confirmed_at(&self, time: String) -> Checkpoint {
+        Checkpoint { confirmed_time: time, ..self.clone() }
+    }
+
+    /// Failed over by `agent_id` without the source: primary, under `epoch` (the stored one + 1,
+    /// so every writer of the link is fenced), watermark and confirmation as they stood.
+    pub fn failed_over(&self, epoch: u64, agent_id: &str) -> Checkpoint {
+        Checkpoint { role: Role::Primary, epoch, agent_id: agent_id.to_owned(), ..self.clone() }
+    }
+
     /// Cut over: the target is the primary now, at the drained watermark.
     pub fn promoted(&self) -> Checkpoint {
         Checkpoint { role: Role::Primary, ..self.clone() }

@@ -206,6 +206,11 @@ impl AgentProcess {
         self.spawn().await
     }
 
+    /// The config it runs with.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
     /// The config file it runs on.
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("mirror.toml")

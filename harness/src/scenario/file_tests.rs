@@ -155,6 +155,8 @@ fn steps_round_trip() {
             max_lag_revisions: Some(100),
             max_watch_restarts: Some(0),
             during: Some(HumanDuration(Duration::from_secs(2))),
+            checkpoint_role: Some(mirror_fence::Role::Primary),
+            target_still_for: Some(HumanDuration(Duration::from_secs(3))),
             agent: "a".into(),
             timeout: HumanDuration::secs(60),
         }),

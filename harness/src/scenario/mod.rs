@@ -56,6 +56,42 @@ pub async fn caught_up(agent: &AgentProcess, source: &mut Client) -> anyhow::Res
     agent.wait_for(&format!("watermark >= {rev}"), SYNC_TIMEOUT, |s| s.watermark >= rev).await
 }
 
+/// Target revisions in `(before, after]` that changed a key under `dest_prefix` other than
+/// `checkpoint`: what a source write was applied as. A checkpoint-only commit (a refreshed
+/// `confirmed_time`, an advance over an idle range) applies nothing and is not counted.
+pub async fn data_revisions(
+    dst: &mut Client,
+    dest_prefix: &str,
+    checkpoint: &[u8],
+    before: i64,
+    after: i64,
+) -> anyhow::Result<i64> {
+    if after <= before {
+        return Ok(0);
+    }
+    let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(before + 1);
+    let mut stream = dst.watch(dest_prefix, Some(opts)).await?;
+    let mut revisions = std::collections::BTreeSet::new();
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .map_err(|_| anyhow::anyhow!("the target's history up to {after} did not arrive"))??
+            .ok_or_else(|| anyhow::anyhow!("the history watch ended"))?;
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            if kv.mod_revision() > after {
+                return Ok(revisions.len() as i64);
+            }
+            if kv.key() != checkpoint {
+                revisions.insert(kv.mod_revision());
+            }
+            if kv.mod_revision() == after {
+                return Ok(revisions.len() as i64);
+            }
+        }
+    }
+}
+
 /// Keys under `prefix`.
 pub async fn count_prefix(client: &mut Client, prefix: &str) -> anyhow::Result<i64> {
     Ok(client.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await?.count())

@@ -287,6 +287,19 @@ impl<'a> World<'a> {
         args: &[&str],
         expect: i32,
     ) -> anyhow::Result<String> {
+        self.one_shot_output(id, command, args, expect).await?;
+        Ok(format!("exit {expect}"))
+    }
+
+    /// Runs `mirror-agent COMMAND` with agent `id`'s config (the base config when it never
+    /// started) and returns its stdout; fails unless it exits with `expect`.
+    pub(in crate::scenario) async fn one_shot_output(
+        &mut self,
+        id: &str,
+        command: &str,
+        args: &[&str],
+        expect: i32,
+    ) -> anyhow::Result<String> {
         let mut config = match self.agents.get(id) {
             Some(a) => a.config.clone(),
             None => self.base.clone(),
@@ -304,7 +317,7 @@ impl<'a> World<'a> {
                 tail(&String::from_utf8_lossy(&out.stderr), 30)
             );
         }
-        Ok(format!("exit {expect}"))
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     pub(in crate::scenario) async fn status(&mut self, id: &str) -> anyhow::Result<mirror_core::Status> {
@@ -315,7 +328,10 @@ impl<'a> World<'a> {
     /// made again over the members that answer now, as the agent does (a client of a stopped
     /// member keeps sending it a share of the requests, and the checks fail on those).
     pub(in crate::scenario) async fn members_changed(&mut self, side: SideName) -> anyhow::Result<()> {
-        if side == SideName::Source {
+        // With every member of the source down (a lost source) no client can be made: the old
+        // one stays, and fails like any would until a member is back.
+        let all_down = self.members.of(side).len() == self.cluster(side).nodes().len();
+        if side == SideName::Source && !all_down {
             self.src = self.source.client().await?;
         }
         Ok(())
@@ -346,7 +362,11 @@ impl<'a> World<'a> {
         let before = super::current_revision(&mut dst).await?;
         let note = write.await?;
         super::caught_up(&self.agent("a")?.process, &mut src).await?;
-        let moved = super::current_revision(&mut dst).await? - before;
+        let after = super::current_revision(&mut dst).await?;
+        let checkpoint = self.base.parsed()?.checkpoint_key();
+        let moved =
+            super::data_revisions(&mut dst, self.scenario.target_prefix(), &checkpoint, before, after)
+                .await?;
         if moved != want {
             bail!("{note}: applied as {moved} target revisions, expected {want}");
         }

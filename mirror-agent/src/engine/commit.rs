@@ -54,7 +54,12 @@ impl Run<'_> {
                 Ok(_) => {
                     self.engine.reporter.txn_landed(ops.len(), started.elapsed());
                     // Status follows the fence: what the target holds is what status shows.
-                    self.engine.update(|s| s.watermark = next.watermark);
+                    self.engine.update(|s| {
+                        s.watermark = next.watermark;
+                        if !next.confirmed_time.is_empty() {
+                            s.confirmed_time = Some(next.confirmed_time.clone());
+                        }
+                    });
                     self.engine.made_progress(Progress::Healthy);
                     self.pace(ops.len()).await?;
                     if policy.rounds() > 0 {

@@ -333,6 +333,9 @@ struct Run<'e> {
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
     buffering: Option<mirror_watch::Forwarder>,
+    /// The newest source header revision the tail's watch answered with, and when it arrived:
+    /// a watermark at or above it was current then (`confirmed_time`).
+    newest_header: Option<(i64, String)>,
 }
 
 impl Run<'_> {
@@ -363,6 +366,7 @@ impl Run<'_> {
             agent_id: self.engine.agent_id.clone(),
             commit: String::new(),
             range: self.engine.rewriter.range_fingerprint(),
+            confirmed_time: String::new(),
         }
     }
 

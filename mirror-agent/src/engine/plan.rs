@@ -117,6 +117,7 @@ mod tests {
             agent_id: "a".into(),
             commit: String::new(),
             range: range.into(),
+            confirmed_time: String::new(),
         }
     }
 

@@ -90,6 +90,7 @@ impl Engine {
             next_idle_proof: None,
             member_probe: None,
             buffering: None,
+            newest_header: None,
         };
         let result = run.start(pending).await;
         let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());

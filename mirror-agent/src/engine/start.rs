@@ -145,8 +145,10 @@ impl Run<'_> {
         .with_max_txn_ops(self.cfg().sync.max_txn_ops as usize);
         info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
         let watermark = writer.record().watermark;
+        let confirmed = Some(writer.record().confirmed_time.clone()).filter(|t| !t.is_empty());
         self.engine.update(|s| {
             s.watermark = watermark;
+            s.confirmed_time = confirmed;
             s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
         });
         self.writer = Some(writer);

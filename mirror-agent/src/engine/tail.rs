@@ -223,6 +223,7 @@ impl Run<'_> {
             let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
             let converted = self.convert(&resp, floor);
             self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
+            self.note_header(header_rev);
             revisions.extend(converted.revisions);
         }
         self.apply_revisions(revisions, scan_end).await
@@ -246,6 +247,7 @@ impl Run<'_> {
         }
         let header_rev = resp.header().map_or(0, |h| h.revision());
         self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
+        self.note_header(header_rev);
         let watermark = self.writer().record().watermark;
         if !resp.events().is_empty() {
             let converted = self.convert(&resp, watermark);
@@ -258,7 +260,7 @@ impl Run<'_> {
             OnReply::Wait => Ok(()),
             OnReply::Current => {
                 self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
-                Ok(())
+                self.confirm_current(scan_end).await
             }
             OnReply::Advance(to) => self.advance_to(to, scan_end).await,
             OnReply::FinishIfDue { current } => {
@@ -266,9 +268,20 @@ impl Run<'_> {
                 if current {
                     self.engine.update(|s| s.last_progress_time = Some(now_rfc3339()));
                 }
-                Ok(())
+                // The header was the source's revision when the reply was made: nothing above
+                // the watermark existed then, whether or not the server's notifications are
+                // ordered after its events.
+                self.confirm_current(scan_end).await
             }
             OnReply::ProveIdle(to) => self.prove_idle(to, scan_end).await,
+        }
+    }
+
+    /// Remembers the newest header revision the watch answered with, and when (see
+    /// `Run::confirmed_by`).
+    fn note_header(&mut self, header: i64) {
+        if self.newest_header.as_ref().is_none_or(|(newest, _)| header > *newest) {
+            self.newest_header = Some((header, now_rfc3339()));
         }
     }
 

@@ -1,7 +1,11 @@
 //! Steps on the agents: `start_agent`, `stop_agent`, `reload_agent`, and the one-shot
 //! commands `cutover` and `verify`.
 
+use std::time::Duration;
+
+use mirror_core::HumanDuration;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use super::{agent_a, is_a, is_zero, Signal, Step};
 use crate::scenario::world::World;
@@ -108,6 +112,62 @@ impl Step for Cutover {
     async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         world.one_shot(&self.id, "cutover", &args, self.expect).await
+    }
+}
+
+/// `mirror-agent failover` with agent `id`'s config: promote the target without the source
+/// (SPEC §5, Failover).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Failover {
+    /// Agent id whose config is used.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// Extra arguments, e.g. `["--force"]`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Expected exit code.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expect: i32,
+    /// Extension: the command returns within this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<HumanDuration>,
+    /// Extension: the `confirmed_time` it prints is at most this old (the data-loss window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_confirmed_age: Option<HumanDuration>,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "failover")]
+impl Step for Failover {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let out = world.one_shot_output(&self.id, "failover", &args, self.expect).await?;
+        let took = started.elapsed();
+        if let Some(within) = self.within {
+            anyhow::ensure!(took <= within.get(), "failover took {took:?}, more than {within:?}\n{out}");
+        }
+        let line =
+            |name: &str| out.lines().find(|l| l.trim_start().starts_with(name)).map(str::trim).unwrap_or("");
+        if let Some(most) = self.max_confirmed_age {
+            let age = line("confirmed_time")
+                .split_once(" (")
+                .and_then(|(_, rest)| rest.split_once("s ago"))
+                .and_then(|(n, _)| n.parse::<u64>().ok())
+                .ok_or_else(|| anyhow::anyhow!("failover printed no confirmation age:\n{out}"))?;
+            anyhow::ensure!(
+                Duration::from_secs(age) <= most.get(),
+                "the source was last confirmed {age}s before the failover, more than {most:?}\n{out}"
+            );
+        }
+        Ok(format!(
+            "exit {} in {:.1}s; {}; {}",
+            self.expect,
+            took.as_secs_f64(),
+            line("watermark"),
+            line("confirmed_time")
+        ))
     }
 }
 

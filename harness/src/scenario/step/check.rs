@@ -127,6 +127,13 @@ pub struct Expect {
     /// Extension: how long `max_lag_revisions` must hold (default: one read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub during: Option<HumanDuration>,
+    /// Extension: the link's checkpoint has this role (`"primary"` after a cutover or failover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_role: Option<mirror_fence::Role>,
+    /// Extension: nothing writes the target for this long (its revision does not move): no
+    /// agent of a promoted link writes again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_still_for: Option<HumanDuration>,
     /// Agent id.
     #[serde(default = "agent_a", skip_serializing_if = "is_a")]
     pub agent: String,
@@ -189,6 +196,24 @@ impl Step for Expect {
             }
         }
         self.named_keys(world).await?;
+        if let Some(role) = self.checkpoint_role {
+            let key = world.base.parsed()?.checkpoint_key();
+            let resp = world.target.client().await?.get(key, None).await?;
+            let stored =
+                resp.kvs().first().map(|kv| mirror_fence::Checkpoint::decode(kv.value())).transpose()?;
+            let got = stored.as_ref().map(|r| r.role);
+            anyhow::ensure!(got == Some(role), "expected the checkpoint's role {role:?}, found {got:?}");
+        }
+        if let Some(quiet) = self.target_still_for {
+            let mut dst = world.target.client().await?;
+            let before = crate::scenario::current_revision(&mut dst).await?;
+            tokio::time::sleep(quiet.get()).await;
+            let after = crate::scenario::current_revision(&mut dst).await?;
+            anyhow::ensure!(
+                after == before,
+                "the target moved from revision {before} to {after} within {quiet:?}"
+            );
+        }
         if let Some(n) = self.forced_resyncs {
             let got = world.status(agent).await?.forced_resyncs;
             anyhow::ensure!(

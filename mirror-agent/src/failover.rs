@@ -1,0 +1,180 @@
+//! `mirror-agent failover --config F [--force]`: the source is lost; promote the target without
+//! it (SPEC §5, Failover).
+//!
+//! It never reads the source's data. It claims the fence with the stored epoch + 1 and role
+//! `primary` in one compare-and-swap, carrying the watermark and `confirmed_time` the running
+//! agent last committed, so every agent of the link (HA replicas included) stands by with
+//! `TargetPromoted` at its next write or claim, and none writes again, whether or not the source
+//! comes back. It prints the data-loss window: the watermark, when the source was last confirmed
+//! at or below it, and how long ago that was.
+//!
+//! While any source endpoint still answers, a failover would throw away writes a drain could
+//! carry: it refuses (exit 1, nothing written) and points at `cutover --wait`, unless `--force`.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use mirror_core::{connect_reachable, connect_to, unary, Config, HumanDuration, Side};
+use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
+
+/// Promoted (or already primary).
+const EXIT_PROMOTED: u8 = 0;
+/// Refused: the source answers, or another writer's state kept moving.
+const EXIT_REFUSED: u8 = 1;
+/// Could not start: no checkpoint, unreachable target.
+const EXIT_ERROR: u8 = 3;
+
+/// How long a source endpoint has to answer before it counts as lost.
+const SOURCE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs the failover.
+pub async fn failover(config: Config, force: bool) -> ExitCode {
+    if let Some(endpoint) = answering_source_endpoint(&config).await {
+        if !force {
+            eprintln!(
+                "mirror-agent failover: refused, nothing written: the source answers at {endpoint}.\n\
+                 A failover throws away what the source took after the watermark; with the source up, \
+                 `mirror-agent cutover --config F --wait` drains it instead. If the source must be \
+                 abandoned anyway (split brain, corrupt data), run again with --force."
+            );
+            return ExitCode::from(EXIT_REFUSED);
+        }
+        eprintln!("failover: the source answers at {endpoint}; promoting anyway (--force)");
+    }
+    match promote(&config).await {
+        Ok(Promotion::Done { record, previous_epoch }) => {
+            print_window(&config, &record, Some(previous_epoch));
+            ExitCode::from(EXIT_PROMOTED)
+        }
+        Ok(Promotion::Already(record)) => {
+            println!("already promoted: the target is primary (epoch {})", record.epoch);
+            print_window(&config, &record, None);
+            ExitCode::from(EXIT_PROMOTED)
+        }
+        Err(Failure::Refused(why)) => {
+            eprintln!("mirror-agent failover: refused: {why}");
+            ExitCode::from(EXIT_REFUSED)
+        }
+        Err(Failure::Error(why)) => {
+            eprintln!("mirror-agent failover: {why:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// The first source endpoint that serves a read within [`SOURCE_PROBE_TIMEOUT`], if any.
+async fn answering_source_endpoint(config: &Config) -> Option<String> {
+    let mut sync = config.sync.clone();
+    sync.dial_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
+    sync.request_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
+    let key = config.source.prefix.clone();
+    for endpoint in &config.source.endpoints {
+        let probe = async {
+            let client =
+                connect_to(Side::Source, &config.source, &sync, std::slice::from_ref(endpoint)).await?;
+            let opts = etcd_client::GetOptions::new().with_count_only().with_limit(1);
+            unary(
+                "failover probe",
+                Side::Source,
+                SOURCE_PROBE_TIMEOUT,
+                client.kv_client().get(key.clone(), Some(opts)),
+            )
+            .await
+        };
+        if let Ok(Ok(_)) = tokio::time::timeout(SOURCE_PROBE_TIMEOUT * 2, probe).await {
+            return Some(endpoint.clone());
+        }
+    }
+    None
+}
+
+enum Promotion {
+    Done { record: Checkpoint, previous_epoch: u64 },
+    Already(Checkpoint),
+}
+
+enum Failure {
+    Refused(String),
+    Error(anyhow::Error),
+}
+
+/// Claims the fence as primary over the newest stored record; a running agent that commits in
+/// between only moves the record the claim is built from (re-read, claimed again).
+async fn promote(config: &Config) -> Result<Promotion, Failure> {
+    let timeout = config.sync.request_timeout.get();
+    let target = connect_reachable(Side::Target, &config.target, &config.sync)
+        .await
+        .map_err(|e| Failure::Error(anyhow::anyhow!("cannot reach the target: {e}")))?;
+    let key = config.checkpoint_key();
+    let me = format!("failover/{}/{}", crate::engine::hostname(), std::process::id());
+    for _ in 0..10 {
+        let observed = read_checkpoint(&mut target.kv_client(), &key, timeout)
+            .await
+            .map_err(|e| Failure::Error(anyhow::anyhow!("cannot read the checkpoint: {e}")))?;
+        let stored = match &observed {
+            Observed::Absent => {
+                return Err(Failure::Error(anyhow::anyhow!(
+                    "no checkpoint in the target: nothing has been mirrored to fail over to"
+                )))
+            }
+            Observed::Present { record, .. } => record.clone(),
+        };
+        if stored.role == Role::Primary {
+            return Ok(Promotion::Already(stored));
+        }
+        let next = stored.failed_over(stored.epoch + 1, &me);
+        match FencedWriter::claim(target.kv_client(), key.clone(), observed, next, timeout).await {
+            Ok(writer) => {
+                return Ok(Promotion::Done { record: writer.record().clone(), previous_epoch: stored.epoch })
+            }
+            Err(FenceError::Raced | FenceError::EpochRegressed { .. }) => continue,
+            Err(FenceError::CutOver) => {
+                let record = match read_checkpoint(&mut target.kv_client(), &key, timeout).await {
+                    Ok(Observed::Present { record, .. }) => record,
+                    _ => stored,
+                };
+                return Ok(Promotion::Already(record));
+            }
+            Err(e) => return Err(Failure::Refused(e.to_string())),
+        }
+    }
+    Err(Failure::Refused(
+        "the checkpoint kept moving under ten claims in a row: is an agent with a newer epoch writing?"
+            .into(),
+    ))
+}
+
+/// The data-loss window and what to do next.
+fn print_window(config: &Config, record: &Checkpoint, previous_epoch: Option<u64>) {
+    let confirmed = humantime::parse_rfc3339_weak(&record.confirmed_time).ok();
+    let age = confirmed.and_then(|at| SystemTime::now().duration_since(at).ok());
+    println!("failover of link {:?}: the target is primary", config.link_uid);
+    match previous_epoch {
+        Some(was) => println!(
+            "  epoch           {} (was {was}: every agent of the link stands by, TargetPromoted)",
+            record.epoch
+        ),
+        None => println!("  epoch           {}", record.epoch),
+    }
+    println!("  watermark       {} (the source revision the target reflects)", record.watermark);
+    match (confirmed, age) {
+        (Some(_), Some(age)) => println!(
+            "  confirmed_time  {} ({}s ago): the source held nothing past the watermark then; writes it took after that are not in the target",
+            record.confirmed_time,
+            age.as_secs()
+        ),
+        _ => println!(
+            "  confirmed_time  unknown: the source was never confirmed at the watermark (an older record, or a sync that never caught up); the loss window is unbounded"
+        ),
+    }
+    println!("next steps:");
+    println!(
+        "  1. point the applications at the target ({}) and keep the old source's clients off it",
+        config.target.endpoints.join(",")
+    );
+    println!("  2. leave the agents of this link as they are: they stand by and never write again");
+    println!(
+        "  3. when the old source is back, mirror the new primary into it with a reverse link (its own link_uid, initial_sync.mode = \"overwrite_and_prune\"); its writes after watermark {} are overwritten (docs/operations.md, Failback)",
+        record.watermark
+    );
+}

@@ -28,6 +28,7 @@
 //! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
 //! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
 //! - `settle`: completing an initial sync or a drain on an idle source by comparison.
+//! - `confirm`: `confirmed_time`, when the source was last seen at or below the watermark.
 //!
 //! ## Why `scan_end` and not R0 ends the initial sync
 //! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
@@ -88,6 +89,7 @@ mod apply;
 mod buffering;
 mod causes;
 mod commit;
+mod confirm;
 mod decide;
 mod genesis;
 mod ha;

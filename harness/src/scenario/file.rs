@@ -22,6 +22,9 @@
 //!   `peak_rss_bytes`), `max_lag_revisions` with `during`, and `last_error` (a reason);
 //! - `snapshot` / `restore` (`side`, `name`) save a side and later put it back, as an operator
 //!   restoring a cluster from a snapshot would.
+//! - `failover` (SPEC §8: `args`, `expect`) also takes `within` (the command's time) and
+//!   `max_confirmed_age` (the age of the `confirmed_time` it prints); `expect` also takes
+//!   `checkpoint_role` and `target_still_for` (the target's revision does not move for that long).
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image
 //!   `scripts/image.sh` builds, on the etcd containers' networks; network faults (`cut`, `heal`,
 //!   `delay`) act on the fault proxies, which such agents bypass, so they are refused there.

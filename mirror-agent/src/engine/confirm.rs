@@ -1,6 +1,9 @@
 //! `confirmed_time`: when the source was last seen at or below the watermark (SPEC §5,
 //! Failover). What a failover would lose is at most what the source took since.
 
+use etcd_client::GetOptions;
+use mirror_core::{now_rfc3339, unary, Side};
+
 use super::{EngineError, Run};
 
 impl Run<'_> {
@@ -34,5 +37,38 @@ impl Run<'_> {
         }
         let next = self.writer().record().confirmed_at(time);
         self.commit_with_retry(&[], next).await
+    }
+
+    /// On a source whose whole cluster has not moved past the watermark, etcd 3.5.30 answers no
+    /// progress request (the watch starts at watermark + 1, a revision the server has not
+    /// reached), so nothing would ever confirm the watermark and a failover would report an
+    /// unbounded loss window. A linearizable read says it directly: its header revision is the
+    /// source's revision when it was served. At or below the watermark, the source held
+    /// nothing newer then; the time is stored as `confirm_current` does. Above it, the watch's
+    /// own replies and events confirm (the server has reached its start revision). A failed
+    /// read confirms nothing and is left to the watch to notice.
+    pub(super) async fn confirm_by_read(&mut self, scan_end: &Option<i64>) -> Result<(), EngineError> {
+        let watermark = self.writer().record().watermark;
+        if scan_end.is_some() || self.newest_header.as_ref().is_some_and(|(header, _)| *header > watermark) {
+            return Ok(());
+        }
+        // Short: it runs on the tail's task, and a source that cannot answer within a
+        // progress interval confirms nothing anyway.
+        let sync = &self.cfg().sync;
+        let timeout = sync.request_timeout.get().min(sync.progress_interval.get());
+        let opts = GetOptions::new().with_count_only().with_limit(1);
+        let key = self.engine.rewriter.source_prefix().to_vec();
+        let Ok(resp) =
+            unary("confirm read", Side::Source, timeout, self.source.kv_client().get(key, Some(opts))).await
+        else {
+            return Ok(());
+        };
+        let header = resp.header().map_or(0, |h| h.revision());
+        self.engine.update(|s| s.source_revision = s.source_revision.max(header));
+        if header > watermark {
+            return Ok(());
+        }
+        self.newest_header = Some((header, now_rfc3339()));
+        self.confirm_current(scan_end).await
     }
 }

@@ -112,6 +112,7 @@ impl Run<'_> {
                 }
                 _ = progress.tick() => {
                     let _ = watch.sender.request_progress().await;
+                    self.confirm_by_read(&scan_end).await?;
                     continue;
                 }
                 msg = watch.stream.message() => msg,
@@ -278,9 +279,10 @@ impl Run<'_> {
     }
 
     /// Remembers the newest header revision the watch answered with, and when (see
-    /// `Run::confirmed_by`).
+    /// `Run::confirmed_by`). The same revision seen again later moves the time: the source was
+    /// still there then (an idle source's replies keep `confirmed_time` fresh).
     fn note_header(&mut self, header: i64) {
-        if self.newest_header.as_ref().is_none_or(|(newest, _)| header > *newest) {
+        if self.newest_header.as_ref().is_none_or(|(newest, _)| header >= *newest) {
             self.newest_header = Some((header, now_rfc3339()));
         }
     }

@@ -132,7 +132,7 @@ impl Schedule {
                 self.step(&kinds::StopAgent { id: id.clone(), signal });
                 let ms = self.below(1_500);
                 self.sleep(ms);
-                self.step(&kinds::StartAgent { id, epoch: None, toml: None });
+                self.step(&kinds::StartAgent { id, epoch: None, toml: None, reverse: false });
             }
             Fault::AgentStop => {
                 self.step(&kinds::StopAgent { id: id.clone(), signal: Signal::Stop });
@@ -181,6 +181,7 @@ impl Schedule {
                     id: next.clone(),
                     epoch: Some(u64::from(self.agent) + 1),
                     toml: None,
+                    reverse: false,
                 });
                 self.step(&kinds::Wait {
                     until: parse_until("phase:standby").expect("a state"),
@@ -217,6 +218,7 @@ impl Schedule {
                         checkpoint: false,
                         value: None,
                         value_size: 200 * 1024,
+                        outside_prefix: false,
                     });
                 }
             }
@@ -243,7 +245,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         lease: None,
         lease_every: None,
     });
-    s.step(&kinds::StartAgent { id: "a".into(), epoch: None, toml: None });
+    s.step(&kinds::StartAgent { id: "a".into(), epoch: None, toml: None, reverse: false });
     s.step(&kinds::Wait {
         until: parse_until("condition:InitialSyncComplete=True").expect("a state"),
         timeout: HumanDuration::secs(90),

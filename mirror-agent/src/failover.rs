@@ -174,7 +174,10 @@ fn print_window(config: &Config, record: &Checkpoint, previous_epoch: Option<u64
     );
     println!("  2. leave the agents of this link as they are: they stand by and never write again");
     println!(
-        "  3. when the old source is back, mirror the new primary into it with a reverse link (its own link_uid, initial_sync.mode = \"overwrite_and_prune\"); its writes after watermark {} are overwritten (docs/operations.md, Failback)",
+        "  3. when the old source is back, list what it took after the watermark before anything overwrites it: mirror-agent failback-plan --config REVERSE.toml --promoted-watermark {} --out plan.jsonl",
         record.watermark
+    );
+    println!(
+        "  4. then mirror the new primary into it with that reverse link (its own link_uid, sides swapped, initial_sync.mode = \"overwrite_and_prune\") and cut over when ready (docs/operations.md, 3b)"
     );
 }

@@ -9,14 +9,16 @@
 //!   0); SIGHUP reloads the config; a config error exits 2; an engine error never exits, it
 //!   parks the engine in `failed` or `standby`.
 //! - `check-config`, `status`, `verify` (`verify.rs`, read-only), `cutover` (`cutover.rs`) and
-//!   `failover` (`failover.rs`: promote the target without the source) are one-shot commands
-//!   for operators and scripts.
+//!   `failover` (`failover.rs`: promote the target without the source) and `failback-plan`
+//!   (`failback.rs`: what the old source took that the new primary never got, read-only) are
+//!   one-shot commands for operators and scripts.
 //!
 //! What it deliberately does not do: it never writes to the source, never writes outside the
 //! destination range and its reserved keys, and never retries a failed fence compare blindly.
 
 mod cutover;
 mod engine;
+mod failback;
 mod failover;
 mod freshness;
 mod http;
@@ -88,6 +90,20 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// After a failover: list, as JSON lines, the writes the old source took after the
+    /// promoted watermark (read-only). The config is the reverse link's (new primary -> old
+    /// source); take the plan before starting that link.
+    FailbackPlan {
+        /// The reverse link's TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The watermark `failover` printed (the source revision the new primary reflects).
+        #[arg(long)]
+        promoted_watermark: i64,
+        /// Where to write the plan (JSON lines; written whole or not at all).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Compare source and target (read-only); exit 0 only when equal.
     Verify {
         /// The TOML config file.
@@ -138,6 +154,14 @@ fn main() -> ExitCode {
                 let _ =
                     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
                 runtime().block_on(failover::failover(c, force))
+            }
+            Err(e) => config_error(&config, &e),
+        },
+        Command::FailbackPlan { config, promoted_watermark, out } => match Config::load(&config) {
+            Ok(c) => {
+                let _ =
+                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+                runtime().block_on(failback::failback_plan(c, promoted_watermark, out))
             }
             Err(e) => config_error(&config, &e),
         },

@@ -70,7 +70,8 @@ pub async fn foreign_dest_prefixes(
 ///
 /// Its checkpoint lies at `P + "\0etcd-mirror/checkpoint"` in our source cluster for some
 /// prefix `P` of our source prefix (its destination covers our source range), and names our
-/// target cluster as its source and our source cluster as its target. Every such `P` is read
+/// target cluster as its source and our source cluster as its target, and it is not promoted
+/// (role `primary`: a failback's forward link). Every such `P` is read
 /// in one Txn of point Gets: no scan. (A link whose destination is nested strictly inside our
 /// source range is not looked for here; its checkpoint is never replicated either way.)
 pub async fn find_reverse_link(
@@ -104,6 +105,11 @@ pub async fn find_reverse_link(
     };
     for (key, value) in keys.iter().zip(records) {
         let Some(record) = value.and_then(|v| mirror_fence::Checkpoint::decode(&v).ok()) else { continue };
+        // A promoted link (cut over or failed over) never writes again: nothing echoes, and
+        // mirroring back from its target is exactly a failback.
+        if record.role == mirror_fence::Role::Primary {
+            continue;
+        }
         if record.source_cluster_id == target_cluster && record.target_cluster_id == source_cluster {
             let namespace = key[..key.len() - b"checkpoint".len()].to_vec();
             return Ok(Some(ForeignLink { link_uid: record.link_uid, namespace }));

@@ -30,6 +30,8 @@
 //! - [`Forwarder`] keeps the watch read into a bounded [`ReplayBuffer`] while the agent runs a
 //!   long pass (scan, sweep, reconcile), so etcd never finds the watcher stuck behind a
 //!   compaction; it stops by itself on overflow, compaction or a broken watch, and says which.
+//! - [`read_history`] reads every write of a range between two revisions, and says what proved
+//!   it had all of them (the failback plan, module `history`).
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: committing batches under the fence is the agent's job.
@@ -39,6 +41,7 @@ mod buffer;
 mod coalesce;
 mod events;
 mod forward;
+mod history;
 mod idle;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
@@ -51,6 +54,7 @@ pub use events::{
     convert_events, fold_delete_runs, held_revision_bytes, Converted, Fragments, HELD_DELETE_BYTES,
 };
 pub use forward::{ForwardError, Forwarder, Watch};
+pub use history::{read_history, History, HistoryEnd, HistoryError, Next, Reading, Written};
 pub use idle::{prove_unchanged, IdleProof};
 /// Re-exported: the unit of every batch (it lives in mirror-core, shared with the scan and the
 /// reconcile).

@@ -97,6 +97,20 @@ impl AgentConfig {
         self
     }
 
+    /// The reverse link of this one, for a failback: the target becomes the source and the
+    /// old source the target (endpoints and prefixes swapped), under its own `link_uid`
+    /// (`<link_uid>-reverse`), every other setting kept.
+    pub fn reversed(&self) -> AgentConfig {
+        AgentConfig {
+            link_uid: format!("{}-reverse", self.link_uid),
+            source: self.target.clone(),
+            target: self.source.clone(),
+            source_prefix: self.target_prefix.clone(),
+            target_prefix: self.source_prefix.clone(),
+            ..self.clone()
+        }
+    }
+
     /// Sets the epoch.
     pub fn epoch(mut self, epoch: u64) -> AgentConfig {
         self.epoch = epoch;

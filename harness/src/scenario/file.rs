@@ -25,6 +25,14 @@
 //! - `failover` (SPEC §8: `args`, `expect`) also takes `within` (the command's time) and
 //!   `max_confirmed_age` (the age of the `confirmed_time` it prints); `expect` also takes
 //!   `checkpoint_role` and `target_still_for` (the target's revision does not move for that long).
+//! - `start_agent reverse = true` starts the reverse link's agent (target to source, link
+//!   `<name>-reverse`: a failback); `cutover` and `wait` with its id then act on that link.
+//! - `failback_plan` (`toml`, `expect`, `listed_from = "history" | "keys"`) runs
+//!   `mirror-agent failback-plan` with the reverse link's config at the watermark in the
+//!   target's checkpoint and holds the plan against the journal: what the file's own `put`,
+//!   `del` and `txn` steps wrote to the source (`load`, `churn` and `revoke` are not recorded).
+//! - `put outside_prefix = true`: `key` is the whole key, outside the side's prefix (another
+//!   application's write to the same cluster).
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image
 //!   `scripts/image.sh` builds, on the etcd containers' networks; network faults (`cut`, `heal`,
 //!   `delay`) act on the fault proxies, which such agents bypass, so they are refused there.

@@ -4,8 +4,9 @@ use mirror_core::{ConditionType, HumanDuration, Phase};
 
 use super::super::step::Churn;
 use super::super::step::{
-    kind, parse_condition, parse_until, Compact, ConditionIs, Del, Delay, Expect, KillMember, Load,
-    MemberRef, Put, Restore, RevisionRef, Revoke, SideName, Signal, Sleep, Snapshot, Step, StopAgent, Until,
+    kind, parse_condition, parse_until, Compact, ConditionIs, Del, Delay, Expect, FailbackPlan, KillMember,
+    Load, MemberRef, Put, Restore, RevisionRef, Revoke, SideName, Signal, Sleep, Snapshot, StartAgent, Step,
+    StopAgent, Until,
 };
 use super::*;
 
@@ -131,6 +132,7 @@ fn steps_round_trip() {
             checkpoint: true,
             value: Some("{".into()),
             value_size: 1,
+            outside_prefix: false,
         }),
         Box::new(StopAgent { id: "b".into(), signal: Signal::Stop }),
         Box::new(KillMember { side: SideName::Target, member: MemberRef::leader() }),
@@ -138,6 +140,16 @@ fn steps_round_trip() {
         Box::new(Snapshot { side: SideName::Source, name: "before".into() }),
         Box::new(Restore { side: SideName::Target, name: "before".into() }),
         Box::new(Delay { side: SideName::Source, ms: 200 }),
+        Box::new(StartAgent { id: "r".into(), epoch: None, toml: None, reverse: true }),
+        Box::new(FailbackPlan { toml: None, expect: 0, listed_from: "keys".into() }),
+        Box::new(Put {
+            side: SideName::Source,
+            key: Some("/elsewhere".into()),
+            checkpoint: false,
+            value: None,
+            value_size: 3,
+            outside_prefix: true,
+        }),
         Box::new(Expect {
             equal: Some(true),
             phase: Some(Phase::Syncing),

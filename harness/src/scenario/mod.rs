@@ -111,6 +111,7 @@ pub async fn g3_of(source: &EtcdCluster, target: &EtcdCluster, config: &AgentCon
 
 mod checker;
 mod file;
+mod plan;
 mod run;
 mod sides;
 pub mod step;

@@ -1,8 +1,11 @@
 //! Words every part of a scenario shares: which side, which member, which signal, and the
 //! clients of both sides a step that only writes is given.
 
+use std::sync::{Arc, RwLock};
+
 use anyhow::bail;
 use etcd_client::Client;
+use mirror_watch::Written;
 use serde::{Deserialize, Serialize};
 
 /// Both sides of the link, for a step that only talks to the clusters.
@@ -17,6 +20,44 @@ pub struct Sides {
     pub target_prefix: String,
     /// The link's checkpoint key in the target.
     pub checkpoint: Vec<u8>,
+    /// What the steps wrote to the source.
+    pub journal: Journal,
+}
+
+/// What the scenario's own `put`, `del` and `txn` steps wrote to the source, each key with the
+/// revision etcd gave it (a `del` of a prefix: every key it deleted). `load`, `churn`,
+/// `revoke` and lease expiry are not recorded: a check against the journal (the failback plan)
+/// is exact only over a window in which the source took no other writes.
+#[derive(Clone, Debug, Default)]
+pub struct Journal(Arc<RwLock<Vec<Written>>>);
+
+impl Journal {
+    /// Records writes of the source.
+    pub fn record(&self, writes: impl IntoIterator<Item = Written>) {
+        self.0.write().expect("journal lock").extend(writes);
+    }
+
+    /// Every recorded write with a revision in `(after, upto]`, in revision order (and key
+    /// order within a revision).
+    pub fn between(&self, after: i64, upto: i64) -> Vec<Written> {
+        let mut writes: Vec<Written> = self
+            .0
+            .read()
+            .expect("journal lock")
+            .iter()
+            .filter(|w| w.revision() > after && w.revision() <= upto)
+            .cloned()
+            .collect();
+        writes.sort_by(|a, b| (a.revision(), key(a)).cmp(&(b.revision(), key(b))));
+        writes
+    }
+}
+
+/// The key a write wrote.
+pub fn key(w: &Written) -> &[u8] {
+    match w {
+        Written::Put { key, .. } | Written::Delete { key, .. } => key,
+    }
 }
 
 impl Sides {

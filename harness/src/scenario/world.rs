@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::checker::{check_continuously, CheckerState};
 use super::file::Scenario;
-use super::sides::{MemberRef, SideName, Sides, Signal};
+use super::sides::{Journal, MemberRef, SideName, Sides, Signal};
 use super::FAST_SYNC_TOML;
 use crate::{
     agent_command, difference_now, AgentBackend, AgentConfig, AgentProcess, Backend, ClusterSpec,
@@ -25,6 +25,8 @@ use crate::{
 pub(in crate::scenario) struct Agent {
     pub process: AgentProcess,
     pub config: AgentConfig,
+    /// A reverse link's agent (target to source: a failback).
+    pub reverse: bool,
     /// The exit code of its last stop, if it stopped.
     pub exit: Option<Option<i32>>,
 }
@@ -93,6 +95,8 @@ pub struct World<'a> {
     pub(in crate::scenario) background: Vec<Background>,
     pub(in crate::scenario) checker: Arc<CheckerState>,
     pub(in crate::scenario) checker_task: JoinHandle<()>,
+    /// What the steps wrote to the source.
+    pub(in crate::scenario) journal: Journal,
 }
 
 impl<'a> World<'a> {
@@ -164,6 +168,7 @@ impl<'a> World<'a> {
             background: Vec::new(),
             checker,
             checker_task,
+            journal: Journal::default(),
         })
     }
 
@@ -229,8 +234,12 @@ impl<'a> World<'a> {
         id: &str,
         epoch: Option<u64>,
         toml: Option<&str>,
+        reverse: bool,
     ) -> anyhow::Result<String> {
         if let Some(agent) = self.agents.get_mut(id) {
+            if agent.reverse != reverse {
+                bail!("agent {id:?} was started with reverse = {}", agent.reverse);
+            }
             if agent.process.is_running() {
                 bail!("agent {id:?} is already running");
             }
@@ -245,13 +254,14 @@ impl<'a> World<'a> {
             agent.exit = None;
             return Ok("restarted".into());
         }
-        let mut config = self.base.clone().overlay(toml.unwrap_or_default());
+        let base = if reverse { self.base.reversed() } else { self.base.clone() };
+        let mut config = base.overlay(toml.unwrap_or_default());
         if let Some(e) = epoch {
             config = config.epoch(e);
         }
         let process = AgentProcess::start_on(&config, self.agent_backend.clone()).await?;
         let url = process.url();
-        self.agents.insert(id.to_owned(), Agent { process, config, exit: None });
+        self.agents.insert(id.to_owned(), Agent { process, config, reverse, exit: None });
         Ok(url)
     }
 
@@ -300,14 +310,33 @@ impl<'a> World<'a> {
         args: &[&str],
         expect: i32,
     ) -> anyhow::Result<String> {
-        let mut config = match self.agents.get(id) {
-            Some(a) => a.config.clone(),
-            None => self.base.clone(),
+        let (config, reverse) = match self.agents.get(id) {
+            Some(a) => (a.config.clone(), a.reverse),
+            None => (self.base.clone(), false),
         };
+        self.one_shot_with(config, reverse, command, args, expect).await
+    }
+
+    /// The reverse link's config (`AgentConfig::reversed`) with `toml` merged over it, for a
+    /// one-shot command before (or without) its agent.
+    pub(in crate::scenario) fn reverse_config(&self, toml: &str) -> AgentConfig {
+        self.base.reversed().overlay(toml)
+    }
+
+    /// Runs `mirror-agent COMMAND` with `config` (a reverse link's when `reverse`) and returns
+    /// its stdout; fails unless it exits with `expect`.
+    pub(in crate::scenario) async fn one_shot_with(
+        &mut self,
+        mut config: AgentConfig,
+        reverse: bool,
+        command: &str,
+        args: &[&str],
+        expect: i32,
+    ) -> anyhow::Result<String> {
         // One-shot commands run on the host, so through the proxies even when the agents run
         // in containers (and see etcd by its container names).
-        config.source = self.source_proxies.endpoints();
-        config.target = self.target_proxies.endpoints();
+        let (source, target) = (self.source_proxies.endpoints(), self.target_proxies.endpoints());
+        (config.source, config.target) = if reverse { (target, source) } else { (source, target) };
         let out = agent_command(&config, command, args).await?;
         let code = out.status.code();
         if code != Some(expect) {
@@ -345,6 +374,7 @@ impl<'a> World<'a> {
             source_prefix: self.scenario.source_prefix().to_owned(),
             target_prefix: self.scenario.target_prefix().to_owned(),
             checkpoint: self.base.parsed()?.checkpoint_key(),
+            journal: self.journal.clone(),
         })
     }
 

@@ -7,7 +7,7 @@ use mirror_core::HumanDuration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{agent_a, is_a, is_zero, Signal, Step};
+use super::{agent_a, is_a, is_false, is_zero, Signal, Step};
 use crate::scenario::world::World;
 
 /// Starts (or restarts) agent `id`.
@@ -23,6 +23,9 @@ pub struct StartAgent {
     /// TOML merged over `[agent] toml` for this agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toml: Option<String>,
+    /// Extension: the reverse link's agent (target to source, `<link>-reverse`): a failback.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reverse: bool,
 }
 
 #[async_trait::async_trait]
@@ -33,7 +36,7 @@ impl Step for StartAgent {
     }
 
     async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
-        world.start_agent(&self.id, self.epoch, self.toml.as_deref()).await
+        world.start_agent(&self.id, self.epoch, self.toml.as_deref(), self.reverse).await
     }
 }
 
@@ -167,6 +170,79 @@ impl Step for Failover {
             took.as_secs_f64(),
             line("watermark"),
             line("confirmed_time")
+        ))
+    }
+}
+
+/// Extension: `mirror-agent failback-plan` with the reverse link's config (`toml` merged over
+/// it), at the promoted watermark (read from the target's checkpoint), into a file. With exit
+/// 0 the plan must list exactly what the journal (`put`, `del`, `txn` steps) holds after the
+/// watermark: every write in revision order from the history, or with `listed_from = "keys"`
+/// (a compacted old source) the puts that survive, deletes unlisted.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailbackPlan {
+    /// TOML merged over the reverse link's config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toml: Option<String>,
+    /// Expected exit code.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expect: i32,
+    /// `"history"` (default) or `"keys"`: where the plan must say it listed from.
+    #[serde(default = "history")]
+    pub listed_from: String,
+}
+
+fn history() -> String {
+    "history".into()
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "failback_plan")]
+impl Step for FailbackPlan {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            ["history", "keys"].contains(&self.listed_from.as_str()),
+            "failback_plan: listed_from {:?} (\"history\" or \"keys\")",
+            self.listed_from
+        );
+        Ok(())
+    }
+
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let key = world.base.parsed()?.checkpoint_key();
+        let resp = world.target.client().await?.get(key, None).await?;
+        let record = resp
+            .kvs()
+            .first()
+            .map(|kv| mirror_fence::Checkpoint::decode(kv.value()))
+            .transpose()?
+            .ok_or_else(|| anyhow::anyhow!("failback_plan: the target holds no checkpoint"))?;
+        let watermark = record.watermark;
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("plan.jsonl");
+        let config = world.reverse_config(self.toml.as_deref().unwrap_or_default());
+        let args = ["--promoted-watermark", &watermark.to_string(), "--out", &out.to_string_lossy()];
+        let printed = world.one_shot_with(config, true, "failback-plan", &args, self.expect).await?;
+        print!("{printed}");
+        if self.expect != 0 {
+            anyhow::ensure!(
+                !out.exists(),
+                "failback-plan exited {} but wrote {}",
+                self.expect,
+                out.display()
+            );
+            return Ok(format!("exit {}", self.expect));
+        }
+        let plan = crate::scenario::plan::Plan::read(&out)?;
+        let rewriter = world.reverse_config(self.toml.as_deref().unwrap_or_default()).parsed()?.rewriter();
+        plan.matches(&world.journal, &rewriter, watermark, &self.listed_from)
+            .map_err(|e| e.context(format!("the plan at watermark {watermark}\n{printed}")))?;
+        Ok(format!(
+            "watermark {watermark}: {} puts, {} deletes listed from {}, as the journal says",
+            plan.puts(),
+            plan.deletes(),
+            plan.listed_from
         ))
     }
 }

@@ -5,6 +5,8 @@ use anyhow::{bail, Context as _};
 use etcd_client::{Client, DeleteOptions, TxnOp};
 use serde::{Deserialize, Serialize};
 
+use mirror_watch::Written;
+
 use super::{is_false, is_source, source_side, value_100, SideName, Sides, Step};
 use crate::scenario::world::World;
 use crate::{load_leased_keys, Churn as ChurnLoad};
@@ -160,6 +162,10 @@ pub struct Put {
     /// Bytes of the default value.
     #[serde(default = "value_100")]
     pub value_size: usize,
+    /// Extension: `key` is the whole key, not under the side's prefix (another application's
+    /// write to the same cluster).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub outside_prefix: bool,
 }
 
 #[async_trait::async_trait]
@@ -170,6 +176,7 @@ impl Step for Put {
             self.key.is_some() != self.checkpoint,
             "put: give exactly one of key and checkpoint = true"
         );
+        anyhow::ensure!(!self.outside_prefix || self.key.is_some(), "put: outside_prefix needs a key");
         Ok(())
     }
 
@@ -182,10 +189,16 @@ impl Step for Put {
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
-        let key = key_of(&self.key, &sides, self.side);
+        let key = match &self.key {
+            Some(k) if self.outside_prefix => k.clone().into_bytes(),
+            _ => key_of(&self.key, &sides, self.side),
+        };
         let value = self.value.clone().unwrap_or_else(|| "v".repeat(self.value_size));
         let (client, _) = sides.of(self.side);
-        let rev = client.put(key, value, None).await?.header().map_or(0, |h| h.revision());
+        let rev = client.put(key.clone(), value.clone(), None).await?.header().map_or(0, |h| h.revision());
+        if self.side == SideName::Source {
+            sides.journal.record([Written::Put { key, value: value.into_bytes(), revision: rev, lease: 0 }]);
+        }
         Ok(format!("at {rev}"))
     }
 }
@@ -237,12 +250,17 @@ impl Step for Del {
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
         let key = key_of(&self.key, &sides, self.side);
         let (client, prefix) = sides.of(self.side);
+        let opts = DeleteOptions::new().with_prev_key();
         let resp = match &self.prefix {
-            Some(p) => {
-                client.delete(format!("{prefix}{p}"), Some(DeleteOptions::new().with_prefix())).await?
-            }
-            None => client.delete(key, None).await?,
+            Some(p) => client.delete(format!("{prefix}{p}"), Some(opts.with_prefix())).await?,
+            None => client.delete(key, Some(opts)).await?,
         };
+        if self.side == SideName::Source {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            sides.journal.record(
+                resp.prev_kvs().iter().map(|kv| Written::Delete { key: kv.key().to_vec(), revision }),
+            );
+        }
         Ok(format!("{} keys deleted", resp.deleted()))
     }
 }
@@ -329,12 +347,18 @@ impl Step for Txn {
 
     async fn run_detached(&self, mut sides: Sides, seed: u64) -> anyhow::Result<String> {
         let under = format!("{}{}", sides.source_prefix, self.prefix);
-        let puts: Vec<TxnOp> = (0..self.ops)
-            .map(|i| TxnOp::put(format!("{under}txn-{seed}-{i:05}"), "v".repeat(self.value_size), None))
-            .collect();
+        let keys: Vec<String> = (0..self.ops).map(|i| format!("{under}txn-{seed}-{i:05}")).collect();
+        let value = "v".repeat(self.value_size);
+        let puts: Vec<TxnOp> = keys.iter().map(|k| TxnOp::put(k.as_str(), value.as_str(), None)).collect();
         let source: &mut Client = &mut sides.source;
         let rev =
             source.txn(etcd_client::Txn::new().and_then(puts)).await?.header().map_or(0, |h| h.revision());
+        sides.journal.record(keys.into_iter().map(|k| Written::Put {
+            key: k.into_bytes(),
+            value: value.clone().into_bytes(),
+            revision: rev,
+            lease: 0,
+        }));
         Ok(format!("{} puts at {rev}", self.ops))
     }
 }

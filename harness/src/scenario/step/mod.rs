@@ -21,8 +21,8 @@ mod member;
 mod network;
 mod until;
 
-pub use crate::scenario::sides::{MemberRef, RevisionRef, SideName, Sides, Signal};
-pub use agent::{Cutover, Failover, ReloadAgent, StartAgent, StopAgent, Verify};
+pub use crate::scenario::sides::{Journal, MemberRef, RevisionRef, SideName, Sides, Signal};
+pub use agent::{Cutover, FailbackPlan, Failover, ReloadAgent, StartAgent, StopAgent, Verify};
 pub use check::{Expect, Sleep, Wait};
 pub use data::{CheckPerf, Churn, Del, Load, Put, Revoke, Txn};
 pub use member::{

@@ -200,6 +200,7 @@ impl Schedule {
                     prefix: prefix.clone(),
                     lease: None,
                     lease_every: None,
+                    lease_ttl: None,
                 });
                 self.step(&kinds::Del {
                     side: SideName::Source,
@@ -244,6 +245,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         prefix: String::new(),
         lease: None,
         lease_every: None,
+        lease_ttl: None,
     });
     s.step(&kinds::StartAgent { id: "a".into(), epoch: None, toml: None, reverse: false });
     s.step(&kinds::Wait {
@@ -291,6 +293,8 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         during: None,
         checkpoint_role: None,
         target_still_for: None,
+        leases_match: None,
+        target_leases_gone: Vec::new(),
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

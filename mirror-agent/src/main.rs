@@ -249,13 +249,15 @@ fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch:
     };
     // The HTTP listener is bound once; keep the running address (and any --listen override).
     new.http.listen = current.http.listen.clone();
-    let immutable: [(&str, bool); 7] = [
+    let immutable: [(&str, bool); 8] = [
         ("link_uid", new.link_uid != current.link_uid),
         ("source.prefix", new.source.prefix != current.source.prefix),
         ("target.prefix", new.target.prefix != current.target.prefix),
         ("sync.dest_prefix", new.sync.dest_prefix != current.sync.dest_prefix),
         ("sync.exclude_prefixes", new.sync.exclude_prefixes != current.sync.exclude_prefixes),
         ("checkpoint.key", new.checkpoint.key != current.checkpoint.key),
+        // The target leases are granted (or not) for the whole run.
+        ("sync.leases", new.sync.leases != current.sync.leases),
         // Campaigning or not is decided once, at start (`Engine::run`).
         ("ha.enabled", new.ha.enabled != current.ha.enabled),
     ];

@@ -140,8 +140,22 @@ impl Collector for StatusCollector {
         gauge(
             &mut e,
             "lease_backed_keys",
-            "Source keys seen with a lease (stripped)",
+            "Source keys seen with a lease (stripped, or attached where sync.leases = preserve)",
             s.lease_backed_keys as i64,
+        )?;
+        gauge(&mut e, "leases_preserved", "Target leases kept alive now", s.leases.preserved as i64)?;
+        counter(&mut e, "leases_granted", "Target leases granted", s.leases.granted_total)?;
+        counter(
+            &mut e,
+            "leases_revoked",
+            "Target leases revoked (the source lease was gone)",
+            s.leases.revoked_total,
+        )?;
+        gauge(
+            &mut e,
+            "leases_keepalive_lag_seconds",
+            "The longest time since a kept target lease was last kept alive",
+            s.leases.keepalive_lag_seconds,
         )?;
         counter(
             &mut e,

@@ -192,6 +192,8 @@ pub struct SyncSection {
     /// `Available`: the watermark has trailed the source for this long, or nothing has moved it
     /// for this long while the source is ahead.
     pub max_lag: HumanDuration,
+    /// What happens to the leases of source keys (SPEC §5, Leases).
+    pub leases: LeaseMode,
 }
 
 impl Default for SyncSection {
@@ -211,6 +213,7 @@ impl Default for SyncSection {
             progress_interval: HumanDuration::secs(45),
             trust_progress_notify: TrustProgressNotify::Auto,
             max_lag: HumanDuration::secs(300),
+            leases: LeaseMode::Strip,
         }
     }
 }
@@ -229,6 +232,17 @@ impl Default for Backoff {
     fn default() -> Self {
         Backoff { initial: HumanDuration::secs(1), max: HumanDuration::secs(30) }
     }
+}
+
+/// `sync.leases`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseMode {
+    /// Leased source keys are written without a lease; their expiry arrives as deletes.
+    #[default]
+    Strip,
+    /// The target holds a lease with the same ID and TTL, kept alive while the source's lives.
+    Preserve,
 }
 
 /// `sync.trust_progress_notify`.

@@ -76,6 +76,7 @@ fn base_config_is_valid_with_spec_defaults() {
     assert_eq!(c.sync.backoff.max.get().as_secs(), 30);
     assert_eq!(c.sync.progress_interval.get().as_secs(), 45);
     assert_eq!(c.sync.trust_progress_notify, TrustProgressNotify::Auto);
+    assert_eq!(c.sync.leases, crate::LeaseMode::Strip);
     assert_eq!(c.reconcile.interval.get().as_secs(), 3600);
     assert!(!c.reconcile.delete_orphans);
     assert!(!c.ha.enabled);
@@ -127,6 +128,7 @@ dial_timeout = "10s"
 backoff = { initial = "1s", max = "30s" }
 progress_interval = "45s"
 trust_progress_notify = "auto"
+leases = "strip"
 [reconcile]
 interval = "1h"
 delete_orphans = false
@@ -225,6 +227,7 @@ fn validation_rule(#[case] extra: &str, #[case] field: &str) {
 #[case::bad_size("[sync]\npage_bytes = \"1 furlong\"", "page_bytes")]
 #[case::bad_duration("[sync]\nrequest_timeout = \"soon\"", "request_timeout")]
 #[case::bad_trust("[sync]\ntrust_progress_notify = \"maybe\"", "trust_progress_notify")]
+#[case::bad_leases("[sync]\nleases = \"keep\"", "leases")]
 fn parse_errors_name_the_key(#[case] extra: &str, #[case] key: &str) {
     match with(extra) {
         Err(ConfigError::Parse(msg)) => assert!(msg.contains(key), "{msg}"),

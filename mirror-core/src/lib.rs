@@ -44,8 +44,8 @@ mod units;
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy};
 pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
-    Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, Mode,
-    Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
+    Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode,
+    Mode, Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
     connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy,
@@ -57,7 +57,7 @@ pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use status::{
     now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,
-    LastError, LastReconcile, Phase, SideStatus, Status, StatusHandle,
+    LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status, StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

@@ -6,12 +6,15 @@ use etcd_client::TxnOp;
 /// One target write, already rewritten.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Put `value` at `key` (leases are stripped).
+    /// Put `value` at `key`.
     Put {
         /// Target key.
         key: Vec<u8>,
         /// Value.
         value: Vec<u8>,
+        /// The source key's lease (0: none). Written to the target only where leases are
+        /// preserved ([`Op::to_txn_op_with`]); stripped otherwise.
+        lease: i64,
     },
     /// Delete `key`.
     Delete {
@@ -55,17 +58,27 @@ impl Op {
     pub fn size(&self) -> usize {
         const OVERHEAD: usize = 16;
         match self {
-            Op::Put { key, value } => key.len() + value.len() + OVERHEAD,
+            Op::Put { key, value, .. } => key.len() + value.len() + OVERHEAD,
             Op::Delete { key } => key.len() + OVERHEAD,
             Op::DeleteRange { key, end } => key.len() + end.len() + OVERHEAD,
             Op::DeleteRun { key, last, .. } => key.len() + last.len() + 1 + OVERHEAD,
         }
     }
 
-    /// The etcd op.
+    /// The etcd op, leases stripped.
     pub fn to_txn_op(&self) -> TxnOp {
+        self.to_txn_op_with(|_| false)
+    }
+
+    /// The etcd op; a put carries its lease where `attach` says the target holds it.
+    pub fn to_txn_op_with(&self, attach: impl Fn(i64) -> bool) -> TxnOp {
         match self {
-            Op::Put { key, value } => TxnOp::put(key.clone(), value.clone(), None),
+            Op::Put { key, value, lease } if *lease != 0 && attach(*lease) => TxnOp::put(
+                key.clone(),
+                value.clone(),
+                Some(etcd_client::PutOptions::new().with_lease(*lease)),
+            ),
+            Op::Put { key, value, .. } => TxnOp::put(key.clone(), value.clone(), None),
             Op::Delete { key } => TxnOp::delete(key.clone(), None),
             Op::DeleteRange { key, end } => {
                 TxnOp::delete(key.clone(), Some(etcd_client::DeleteOptions::new().with_range(end.clone())))
@@ -131,7 +144,7 @@ mod chunker_tests {
     /// A chunk is flushed *before* the op that would pass the byte limit, and by op count.
     #[test]
     fn op_chunker_checks_bytes_before_adding() {
-        let put = |n: usize| Op::Put { key: b"k".to_vec(), value: vec![0; n] };
+        let put = |n: usize| Op::Put { key: b"k".to_vec(), value: vec![0; n], lease: 0 };
         let mut c = OpChunker::new(10, 1000);
         assert!(c.push(put(600)).is_none());
         let first = c.push(put(600)).expect("600 + 600 would pass 1000");

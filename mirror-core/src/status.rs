@@ -73,6 +73,19 @@ pub struct SideStatus {
     pub tls_cert_expiry: Vec<crate::tls::CertExpiry>,
 }
 
+/// `leases` of the status: the target leases of `sync.leases = "preserve"`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Target leases this agent keeps alive now.
+    pub preserved: u64,
+    /// Target leases granted since the agent started.
+    pub granted_total: u64,
+    /// Target leases revoked since the agent started (their source lease was gone).
+    pub revoked_total: u64,
+    /// The longest time since a kept lease was last kept alive, at the last check.
+    pub keepalive_lag_seconds: f64,
+}
+
 /// Progress of the genesis scan.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct InitialSyncStatus {
@@ -213,7 +226,10 @@ pub struct Status {
     pub initial_sync: InitialSyncStatus,
     /// Target keys written by the tail and the scan.
     pub keys_applied_total: u64,
-    /// Source keys in scope that carry a lease (leases are stripped), as of the last full
+    /// Leases kept on the target (`sync.leases = "preserve"`).
+    #[serde(default)]
+    pub leases: LeaseStatus,
+    /// Source keys in scope that carry a lease, as of the last full
     /// read of the range: the initial sync's scan (growing while it runs), then each reconcile
     /// pass or drain verification. The tail does not move it: a put with a lease may re-put a
     /// key already counted, and a lease's expiry arrives as plain deletes.

@@ -51,8 +51,8 @@ pub struct Entry {
     pub key: Vec<u8>,
     /// The value.
     pub value: Vec<u8>,
-    /// Whether the source key carries a lease (always false for the target).
-    pub leased: bool,
+    /// The source key's lease (0: none; always 0 for the target).
+    pub lease: i64,
     /// The key's mod revision on the side it was read from.
     pub mod_revision: i64,
 }
@@ -115,7 +115,9 @@ impl Difference {
     /// scope: every orphan, only this link's, or none), else nothing is written.
     pub fn repair(self, delete_orphan: impl FnOnce(&[u8], i64) -> bool) -> Option<Op> {
         match self {
-            Difference::Missing(e) | Difference::Divergent(e) => Some(Op::Put { key: e.key, value: e.value }),
+            Difference::Missing(e) | Difference::Divergent(e) => {
+                Some(Op::Put { key: e.key, value: e.value, lease: e.lease })
+            }
             Difference::Orphan { key, mod_revision } => {
                 delete_orphan(&key, mod_revision).then_some(Op::Delete { key })
             }
@@ -223,13 +225,12 @@ impl Differ {
                 if let Some(p) = &self.progress {
                     p.store(self.counts.source_keys, Ordering::Relaxed);
                 }
-                let leased = kv.lease() != 0;
-                self.counts.leased_keys += u64::from(leased);
+                self.counts.leased_keys += u64::from(kv.lease() != 0);
                 feed(&mut self.counts.source_hash, &key, kv.value());
                 return Ok(Some(Entry {
                     key,
                     value: kv.value().to_vec(),
-                    leased,
+                    lease: kv.lease(),
                     mod_revision: kv.mod_revision(),
                 }));
             }
@@ -248,7 +249,7 @@ impl Differ {
             return Ok(Some(Entry {
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
-                leased: false,
+                lease: 0,
                 mod_revision: kv.mod_revision(),
             }));
         }

@@ -1,7 +1,7 @@
 use super::*;
 
 fn entry(key: &str, value: &str) -> Entry {
-    Entry { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec(), leased: false, mod_revision: 1 }
+    Entry { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec(), lease: 0, mod_revision: 1 }
 }
 
 /// Replays the merge-join over two in-memory sorted sides, as `Differ` does over pages.
@@ -77,7 +77,7 @@ fn digests_separate_keys_from_values() {
 /// orphan only when the scope says so, and the scope sees its key and target mod revision.
 #[test]
 fn repairs_follow_the_orphan_scope() {
-    let put = Some(Op::Put { key: b"k".to_vec(), value: b"v".to_vec() });
+    let put = Some(Op::Put { key: b"k".to_vec(), value: b"v".to_vec(), lease: 0 });
     assert_eq!(Difference::Missing(entry("k", "v")).repair(|_, _| false), put);
     assert_eq!(Difference::Divergent(entry("k", "v")).repair(|_, _| false), put);
     let orphan = || Difference::Orphan { key: b"o".to_vec(), mod_revision: 7 };

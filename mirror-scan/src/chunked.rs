@@ -59,7 +59,7 @@ impl ChunkCutter {
             self.uncounted += u64::from(mod_revision <= self.r0);
             return None;
         };
-        let closed = self.chunker.push(Op::Put { key: target, value: value.to_vec() }).map(|ops| {
+        let closed = self.chunker.push(Op::Put { key: target, value: value.to_vec(), lease }).map(|ops| {
             // `key` opens the next chunk: the full one ends at the previous key.
             chunk(ops, std::mem::take(&mut self.cursor), std::mem::take(&mut self.leased))
         });

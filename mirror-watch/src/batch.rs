@@ -120,7 +120,7 @@ mod tests {
     use super::*;
 
     fn put(k: &str, v: usize) -> Op {
-        Op::Put { key: k.as_bytes().to_vec(), value: vec![b'v'; v] }
+        Op::Put { key: k.as_bytes().to_vec(), value: vec![b'v'; v], lease: 0 }
     }
 
     fn rev(r: i64, ops: Vec<Op>) -> Revision {

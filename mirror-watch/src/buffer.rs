@@ -56,7 +56,10 @@ mod tests {
     /// The byte bound is enforced and draining resets it.
     #[test]
     fn bounded_by_bytes() {
-        let rev = |r| Revision { revision: r, ops: vec![Op::Put { key: b"k".to_vec(), value: vec![0; 40] }] };
+        let rev = |r| Revision {
+            revision: r,
+            ops: vec![Op::Put { key: b"k".to_vec(), value: vec![0; 40], lease: 0 }],
+        };
         let mut b = ReplayBuffer::new(150);
         b.push(vec![rev(1), rev(2)]).unwrap();
         assert!(b.push(vec![rev(3)]).is_err());

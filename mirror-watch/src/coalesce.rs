@@ -139,7 +139,7 @@ mod tests {
     /// it), and the put stays.
     #[test]
     fn a_put_between_deleted_keys_ends_a_run() {
-        let put = Op::Put { key: b"bb".to_vec(), value: b"v".to_vec() };
+        let put = Op::Put { key: b"bb".to_vec(), value: b"v".to_vec(), lease: 0 };
         let ops = [del("a"), del("b"), put.clone(), del("c"), del("d")];
         let out = coalesce(&ops, &["a", "b", "c", "d"]).unwrap();
         assert_eq!(out, vec![put, range("a", "b"), range("c", "d")]);

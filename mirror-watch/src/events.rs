@@ -106,7 +106,7 @@ pub fn convert_events(
                 if kv.lease() != 0 {
                     out.leased += 1;
                 }
-                Op::Put { key, value: kv.value().to_vec() }
+                Op::Put { key, value: kv.value().to_vec(), lease: kv.lease() }
             }
             EventType::Delete => Op::Delete { key },
         };
@@ -192,7 +192,7 @@ mod tests {
             last: b.as_bytes().to_vec(),
             count,
         };
-        let put = Op::Put { key: b"m".to_vec(), value: b"v".to_vec() };
+        let put = Op::Put { key: b"m".to_vec(), value: b"v".to_vec(), lease: 0 };
         let ops = vec![del("a"), del("b"), del("c"), put.clone(), del("n"), del("d"), del("e")];
         let folded = fold_delete_runs(ops);
         assert_eq!(folded, vec![run("a", "c", 3), put.clone(), del("n"), run("d", "e", 2)]);

@@ -31,6 +31,9 @@
 //!   `mirror-agent failback-plan` with the reverse link's config at the watermark in the
 //!   target's checkpoint and holds the plan against the journal: what the file's own `put`,
 //!   `del` and `txn` steps wrote to the source (`load`, `churn` and `revoke` are not recorded).
+//! - `load lease_ttl = S` grants `lease` with that TTL when it does not exist yet; `expect
+//!   leases_match = true` (every leased source key carries the same lease ID on the target, same
+//!   granted TTL, remaining TTL at most 3 s lower) and `target_leases_gone = [ID, ...]`.
 //! - `put outside_prefix = true`: `key` is the whole key, outside the side's prefix (another
 //!   application's write to the same cluster).
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image

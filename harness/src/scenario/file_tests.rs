@@ -68,6 +68,7 @@ fn the_spec_example_parses() {
         prefix: String::new(),
         lease: None,
         lease_every: None,
+        lease_ttl: None,
     };
     assert_eq!(shown(s.steps[0].step.as_ref()), shown(&load));
     let compact = Compact { side: SideName::Source, revision: RevisionRef::Named("current".into()) };
@@ -124,6 +125,7 @@ fn steps_round_trip() {
             prefix: String::new(),
             lease: Some(7),
             lease_every: Some(2),
+            lease_ttl: None,
         }),
         Box::new(Revoke { lease: 7, target_revisions: None }),
         Box::new(Put {
@@ -169,6 +171,8 @@ fn steps_round_trip() {
             during: Some(HumanDuration(Duration::from_secs(2))),
             checkpoint_role: Some(mirror_fence::Role::Primary),
             target_still_for: Some(HumanDuration(Duration::from_secs(3))),
+            leases_match: Some(true),
+            target_leases_gone: vec![7],
             agent: "a".into(),
             timeout: HumanDuration::secs(60),
         }),

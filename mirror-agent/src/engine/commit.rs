@@ -46,8 +46,9 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
         let mut policy = RetryPolicy::new(&cfg);
+        self.ensure_leases(ops).await?;
         loop {
-            let txn_ops = ops.iter().map(Op::to_txn_op).collect();
+            let txn_ops = self.txn_ops(ops);
             let started = Instant::now();
             let result = self.writer().commit_guarded(txn_ops, Some(next.clone()), guards.clone()).await;
             let err = match result {

@@ -105,11 +105,15 @@ impl Run<'_> {
         let Some(last) = chunks.pop() else { return Ok(()) };
         let keys = chunks.iter().map(|c| c.ops.len()).sum::<usize>() + last.ops.len();
         let leased = chunks.iter().map(|c| c.leased).sum::<u64>() + last.leased;
+        for chunk in chunks.iter().chain(std::iter::once(&last)) {
+            self.ensure_leases(&chunk.ops).await?;
+        }
         let data = self.writer().data_writer();
         let in_flight = chunks.into_iter().map(|chunk| {
             let data = data.clone();
+            let txn = self.txn_ops(&chunk.ops);
             async move {
-                let landed = data.commit(chunk.ops.iter().map(Op::to_txn_op).collect()).await;
+                let landed = data.commit(txn).await;
                 (chunk.ops, landed)
             }
         });

@@ -93,6 +93,7 @@ mod confirm;
 mod decide;
 mod genesis;
 mod ha;
+mod leases;
 mod plan;
 mod probe;
 mod refusal;
@@ -123,6 +124,9 @@ const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail probes every member of both sides in the background, so a member that
 /// went down or came back shows in `MemberUnreachable` without a reconnect.
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the tail looks at the preserved leases (`leases`): each is kept alive when due
+/// (every third of its TTL, at most `progress_interval` apart), so a second is the resolution.
+const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -313,7 +317,10 @@ type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
 struct Run<'e> {
     engine: &'e mut Engine,
     source: Client,
+    target: Client,
     target_kv: KvClient,
+    /// The target leases of `sync.leases = "preserve"` (`leases`).
+    leases: leases::Leases,
     source_cluster: u64,
     target_cluster: u64,
     trust: bool,

@@ -75,10 +75,13 @@ impl Engine {
         }
         let target =
             connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
+        let preserve = self.cfg.sync.leases == mirror_core::LeaseMode::Preserve;
         let mut run = Run {
             engine: self,
             source,
             target_kv: target.kv_client(),
+            target,
+            leases: super::leases::Leases::new(preserve),
             source_cluster,
             target_cluster,
             trust,

@@ -116,6 +116,20 @@ pub enum Refusal {
         /// The source's header revision.
         source_revision: i64,
     },
+    /// `sync.leases = "preserve"` and the target holds the source lease's ID with another TTL.
+    #[error(
+        "lease {id:x} exists on the target with a granted TTL of {target_ttl}s, the source's is {source_ttl}s: \
+         it is not this link's, so no key was written under it. Revoke it on the target if it is stale, or use \
+         sync.leases = \"strip\""
+    )]
+    LeaseConflict {
+        /// The lease ID.
+        id: i64,
+        /// Its granted TTL on the source.
+        source_ttl: i64,
+        /// Its granted TTL on the target.
+        target_ttl: i64,
+    },
     /// After one repair pass the sides still differ at the drained watermark.
     #[error(
         "after one repair pass the sides still differ at watermark {watermark}: missing {missing}, divergent \
@@ -147,6 +161,7 @@ impl Refusal {
             Refusal::Tls { reason, .. } => reason,
             Refusal::DrainVerificationFailed { .. } => "DrainVerificationFailed",
             Refusal::SourceWentBack { .. } => "SourceWentBack",
+            Refusal::LeaseConflict { .. } => "LeaseConflict",
         }
     }
 

@@ -152,6 +152,10 @@ impl Run<'_> {
             s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
         });
         self.writer = Some(writer);
+        // Only the fence holder keeps leases: a previous run's are kept alive from now on.
+        let timeout = self.timeout();
+        self.leases.adopt(&self.source, &self.target, timeout).await?;
+        self.report_leases();
         Ok(())
     }
 

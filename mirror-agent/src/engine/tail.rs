@@ -15,7 +15,7 @@ use super::buffering::watch_error;
 use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, Reply};
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
-    FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, TLS_CHECK_INTERVAL,
+    FENCE_CHECK_INTERVAL, LEASE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, TLS_CHECK_INTERVAL,
 };
 
 impl Run<'_> {
@@ -48,6 +48,8 @@ impl Run<'_> {
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
         let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
+        let mut lease_check = tokio::time::interval(LEASE_CHECK_INTERVAL);
+        let leases = self.cfg().sync.leases == mirror_core::LeaseMode::Preserve;
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -108,6 +110,10 @@ impl Run<'_> {
                     // The watch is buffered meanwhile, so etcd never finds it stuck.
                     self.reconcile_buffered(&mut scan_end).await?;
                     next_reconcile = Some(Instant::now() + interval);
+                    continue;
+                }
+                _ = lease_check.tick(), if leases => {
+                    self.lease_round().await?;
                     continue;
                 }
                 _ = progress.tick() => {

@@ -134,6 +134,14 @@ pub struct Expect {
     /// agent of a promoted link writes again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_still_for: Option<HumanDuration>,
+    /// Extension (`sync.leases = "preserve"`): every leased source key of the range carries the
+    /// same lease ID on the target, each such lease has the same granted TTL on both sides, and
+    /// the target's remaining TTL is at most 3 s (progress_interval + 2 s) below the source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_match: Option<bool>,
+    /// Extension: these lease IDs do not exist on the target (revoked after the source's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_leases_gone: Vec<i64>,
     /// Agent id.
     #[serde(default = "agent_a", skip_serializing_if = "is_a")]
     pub agent: String,
@@ -196,6 +204,14 @@ impl Step for Expect {
             }
         }
         self.named_keys(world).await?;
+        if self.leases_match == Some(true) {
+            leases_match(world).await?;
+        }
+        for id in &self.target_leases_gone {
+            let mut dst = world.target.client().await?;
+            let ttl = dst.lease_time_to_live(*id, None).await?.ttl();
+            anyhow::ensure!(ttl < 0, "target lease {id} still exists (ttl {ttl}s)");
+        }
         if let Some(role) = self.checkpoint_role {
             let key = world.base.parsed()?.checkpoint_key();
             let resp = world.target.client().await?.get(key, None).await?;
@@ -357,4 +373,47 @@ async fn checkpoint_writers_after(
             }
         }
     }
+}
+
+/// `expect leases_match` (see the field).
+async fn leases_match(world: &mut World<'_>) -> anyhow::Result<()> {
+    let rewriter = world.base.parsed()?.rewriter();
+    let mut src = world.src.clone();
+    let mut dst = world.target.client().await?;
+    let range = rewriter.source_range();
+    let opts = etcd_client::GetOptions::new().with_range(range.end.clone()).with_keys_only();
+    let source = src.get(range.start.clone(), Some(opts)).await?;
+    let mut leases = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    for kv in source.kvs().iter().filter(|kv| kv.lease() != 0) {
+        let Some(key) = rewriter.to_target(kv.key()) else { continue };
+        let there = dst.get(key.clone(), Some(etcd_client::GetOptions::new().with_keys_only())).await?;
+        let got = there.kvs().first().map(|t| t.lease());
+        anyhow::ensure!(
+            got == Some(kv.lease()),
+            "target key {} carries lease {got:?}, the source's {}",
+            String::from_utf8_lossy(&key),
+            kv.lease()
+        );
+        leases.insert(kv.lease());
+        checked += 1;
+    }
+    anyhow::ensure!(checked > 0, "no leased source key: the check proves nothing");
+    for id in leases {
+        let s = src.lease_time_to_live(id, None).await?;
+        let t = dst.lease_time_to_live(id, None).await?;
+        anyhow::ensure!(
+            s.granted_ttl() == t.granted_ttl(),
+            "lease {id}: granted TTL {}s on the source, {}s on the target",
+            s.granted_ttl(),
+            t.granted_ttl()
+        );
+        anyhow::ensure!(
+            t.ttl() + 3 >= s.ttl(),
+            "lease {id}: {}s left on the target, {}s on the source",
+            t.ttl(),
+            s.ttl()
+        );
+    }
+    Ok(())
 }

@@ -33,12 +33,19 @@ pub struct Load {
     /// Extension: see `lease`; 2 interleaves leased keys with keys that survive a revoke.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_every: Option<usize>,
+    /// Extension: the TTL in seconds `lease` is granted with when it does not exist yet
+    /// (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<i64>,
 }
 
 #[async_trait::async_trait]
 #[typetag::serde(name = "load")]
 impl Step for Load {
     fn check(&self) -> anyhow::Result<()> {
+        if self.lease.is_none() && self.lease_ttl.is_some() {
+            bail!("load: lease_ttl needs a lease");
+        }
         match (self.lease, self.lease_every) {
             (None, Some(_)) => bail!("load: lease_every needs a lease"),
             (_, Some(0)) => bail!("load: lease_every must be > 0"),
@@ -58,6 +65,11 @@ impl Step for Load {
         let (client, prefix) = sides.of(self.side);
         let lease = self.lease.map(|id| (id, self.lease_every.unwrap_or(1)));
         let under = format!("{prefix}{}", self.prefix);
+        if let (Some(id), Some(ttl)) = (self.lease, self.lease_ttl) {
+            if client.lease_time_to_live(id, None).await?.ttl() < 0 {
+                client.lease_grant(ttl, Some(etcd_client::LeaseGrantOptions::new().with_id(id))).await?;
+            }
+        }
         let rev = load_leased_keys(client, &under, self.keys, self.value_size, lease).await?;
         Ok(format!("to revision {rev}"))
     }

@@ -1,0 +1,284 @@
+//! Leases preserved on the target (`sync.leases = "preserve"`, SPEC §5 Leases).
+//!
+//! For every source lease that holds a key of the range the target gets a lease with the same
+//! ID and granted TTL before the first Txn that writes one of its keys ([`Leases::ensure`]);
+//! those puts carry it. While the tail runs, [`Leases::tick`] lists the source's live leases
+//! (one `LeaseLeases` call), keeps each of ours whose source lease lives alive on one
+//! keep-alive stream (every request names its ID; no task per lease) at least every third of
+//! its TTL and every `progress_interval`, so the target's remaining TTL never falls more than
+//! that below the source's, and revokes ours once the source's is gone and the watermark has
+//! passed the revision at which it was seen gone: the expiry's deletes are applied in order
+//! first, so the revoke deletes nothing the source still held.
+//!
+//! Keep-alives and revokes run only on the tail's task, i.e. only while this agent holds the
+//! fence: after a cutover or failover, or in standby, nothing keeps the leases alive, and they
+//! run out on their TTL unless a client keeps the same IDs alive on the target.
+//!
+//! A target lease with the same ID and another TTL is not this link's: `LeaseConflict`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseGrantOptions, LeaseKeeper};
+use mirror_core::{unary, EtcdError, Op, Side};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{EngineError, Refusal, Run};
+
+/// One target lease this link granted (or adopted).
+#[derive(Debug)]
+struct Granted {
+    ttl: i64,
+    kept: Instant,
+}
+
+/// The task reading the keep-alive answers, aborted with the run.
+#[derive(Debug)]
+struct Drain(JoinHandle<()>);
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The target leases of this run.
+#[derive(Debug, Default)]
+pub(super) struct Leases {
+    enabled: bool,
+    granted: BTreeMap<i64, Granted>,
+    /// Source leases found gone, with the source revision they were seen gone at.
+    gone: Vec<(i64, i64)>,
+    keeper: Option<LeaseKeeper>,
+    /// Reads the keep-alive answers; aborted with the run.
+    drain: Option<Drain>,
+    /// Grants since the agent started.
+    pub granted_total: u64,
+    /// Revokes since the agent started.
+    pub revoked_total: u64,
+    /// The longest time since a live lease was last kept alive, at the last tick.
+    pub keepalive_lag: Duration,
+}
+
+impl Leases {
+    /// `enabled`: `sync.leases = "preserve"`.
+    pub fn new(enabled: bool) -> Leases {
+        Leases { enabled, ..Leases::default() }
+    }
+
+    /// Whether puts of source lease `id` carry it to the target.
+    pub fn attached(&self, id: i64) -> bool {
+        self.enabled && self.granted.contains_key(&id)
+    }
+
+    /// Leases this run keeps on the target.
+    pub fn preserved(&self) -> usize {
+        self.granted.len()
+    }
+
+    /// At start: adopts the target leases a previous run granted (same ID and TTL as a live
+    /// source lease), so they are kept alive although no write names them again.
+    pub async fn adopt(
+        &mut self,
+        source: &Client,
+        target: &Client,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let live = list(source, Side::Source, timeout).await?.0;
+        let there = list(target, Side::Target, timeout).await?.0;
+        for id in live.intersection(&there) {
+            let (Some(s), Some(t)) = (
+                ttl_of(source, Side::Source, *id, timeout).await?,
+                ttl_of(target, Side::Target, *id, timeout).await?,
+            ) else {
+                continue;
+            };
+            if s == t {
+                self.granted.insert(*id, Granted { ttl: s, kept: Instant::now() });
+            }
+        }
+        if !self.granted.is_empty() {
+            info!(leases = self.granted.len(), "adopted the target leases of an earlier run");
+        }
+        Ok(())
+    }
+
+    /// Grants on the target every source lease `ops` put keys under that it does not hold yet.
+    /// A source lease already gone is not granted: its keys go without it, and its expiry's
+    /// deletes follow.
+    pub async fn ensure(
+        &mut self,
+        source: &Client,
+        target: &Client,
+        ops: &[Op],
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let wanted: HashSet<i64> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put { lease, .. } if *lease != 0 && !self.granted.contains_key(lease) => Some(*lease),
+                _ => None,
+            })
+            .collect();
+        for id in wanted {
+            let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await? else { continue };
+            let opts = LeaseGrantOptions::new().with_id(id);
+            match unary("lease grant", Side::Target, timeout, target.lease_client().grant(ttl, Some(opts)))
+                .await
+            {
+                Ok(_) => self.granted_total += 1,
+                Err(e) if e.to_string().contains("lease already exists") => {
+                    let theirs = ttl_of(target, Side::Target, id, timeout).await?.unwrap_or(0);
+                    if theirs != ttl {
+                        return Err(Refusal::LeaseConflict { id, source_ttl: ttl, target_ttl: theirs }.into());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+            self.granted.insert(id, Granted { ttl, kept: Instant::now() });
+        }
+        Ok(())
+    }
+
+    /// Keeps alive the leases whose source lease lives and that are due; marks the others gone
+    /// and revokes those the watermark has passed (module doc).
+    pub async fn tick(
+        &mut self,
+        source: &Client,
+        target: &Client,
+        watermark: i64,
+        every: Duration,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        if !self.enabled || (self.granted.is_empty() && self.gone.is_empty()) {
+            return Ok(());
+        }
+        let (live, at) = list(source, Side::Source, timeout).await?;
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut lag = Duration::ZERO;
+        self.granted.retain(|id, g| {
+            if !live.contains(id) {
+                self.gone.push((*id, at));
+                return false;
+            }
+            let spacing = every.min(Duration::from_secs(g.ttl.max(1) as u64) / 3);
+            if now.duration_since(g.kept) >= spacing {
+                due.push(*id);
+            }
+            lag = lag.max(now.duration_since(g.kept));
+            true
+        });
+        self.keepalive_lag = lag;
+        for id in due {
+            self.keep_alive(target, id).await?;
+            if let Some(g) = self.granted.get_mut(&id) {
+                g.kept = now;
+            }
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
+        self.gone = waiting;
+        for (id, _) in ready {
+            match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
+                Ok(_) => self.revoked_total += 1,
+                Err(e) if e.to_string().contains("not found") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// One keep-alive request for `id` on the shared stream (opened on first use; a broken
+    /// stream is opened again at the next call).
+    async fn keep_alive(&mut self, target: &Client, id: i64) -> Result<(), EngineError> {
+        if self.drain.as_ref().is_some_and(|d| d.0.is_finished()) {
+            self.keeper = None;
+        }
+        if let Some(keeper) = &mut self.keeper {
+            // One stream for every lease: each request names its ID.
+            keeper.id = id;
+            if keeper.keep_alive().await.is_ok() {
+                return Ok(());
+            }
+            self.keeper = None;
+        }
+        let (keeper, mut stream) = target
+            .lease_client()
+            .keep_alive(id)
+            .await
+            .map_err(|e| EtcdError::new("lease keep-alive", Side::Target, e))?;
+        // The answers only need reading: a lease the target no longer knows shows at the next
+        // grant or revoke.
+        self.drain = Some(Drain(tokio::spawn(async move {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return,
+                    Err(e) => {
+                        warn!("lease keep-alive stream ended: {e}");
+                        return;
+                    }
+                }
+            }
+        })));
+        self.keeper = Some(keeper);
+        Ok(())
+    }
+}
+
+impl Run<'_> {
+    /// Grants the leases `ops` need on the target before they are written.
+    pub(super) async fn ensure_leases(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+        let timeout = self.timeout();
+        self.leases.ensure(&self.source, &self.target, ops, timeout).await?;
+        self.report_leases();
+        Ok(())
+    }
+
+    /// The tail's lease round: keep-alives due, revokes the watermark has passed.
+    pub(super) async fn lease_round(&mut self) -> Result<(), EngineError> {
+        let watermark = self.writer().record().watermark;
+        let (every, timeout) = (self.cfg().sync.progress_interval.get(), self.timeout());
+        self.leases.tick(&self.source, &self.target, watermark, every, timeout).await?;
+        self.report_leases();
+        Ok(())
+    }
+
+    /// `leases` of the status.
+    pub(super) fn report_leases(&self) {
+        let l = &self.leases;
+        let now = mirror_core::LeaseStatus {
+            preserved: l.preserved() as u64,
+            granted_total: l.granted_total,
+            revoked_total: l.revoked_total,
+            keepalive_lag_seconds: l.keepalive_lag.as_secs_f64(),
+        };
+        self.engine.update(|s| s.leases = now);
+    }
+
+    /// The etcd ops of `ops`, each put with its lease where the target holds it.
+    pub(super) fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
+        ops.iter().map(|op| op.to_txn_op_with(|id| self.leases.attached(id))).collect()
+    }
+}
+
+/// The IDs of every lease of a side, and the revision the answer was made at.
+async fn list(client: &Client, side: Side, timeout: Duration) -> Result<(HashSet<i64>, i64), EtcdError> {
+    let resp = unary("lease list", side, timeout, client.lease_client().leases()).await?;
+    let at = resp.header().map_or(0, |h| h.revision());
+    Ok((resp.leases().iter().map(|l| l.id()).collect(), at))
+}
+
+/// A lease's granted TTL on a side, or `None` when the side does not know it.
+async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Result<Option<i64>, EtcdError> {
+    let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
+    Ok((resp.ttl() >= 0).then_some(resp.granted_ttl()))
+}

@@ -295,6 +295,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         target_still_for: None,
         leases_match: None,
         target_leases_gone: Vec::new(),
+        target_leases_alive: Vec::new(),
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

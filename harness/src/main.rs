@@ -112,6 +112,10 @@ enum Command {
         /// etcd version of every cluster of the run (3.5.30, 3.5.16, 3.5.1 or 3.4.23).
         #[arg(long, default_value = "3.5.30")]
         version: String,
+        /// Also sync the keys under this many source leases, leases stripped and preserved
+        /// (0: skip).
+        #[arg(long, default_value_t = 0)]
+        leases: usize,
     },
 }
 
@@ -202,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
             agent_toml,
             sync_only,
             version: v,
+            leases,
         } => harness::bench::run(harness::bench::BenchPlan {
             version: version(&v)?,
             keys,
@@ -213,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
             plot,
             agent_toml: agent_toml.replace("\\n", "\n"),
             sync_only,
+            leases,
         })
         .await
         .map(drop),

@@ -51,7 +51,7 @@ pub struct Entry {
     pub key: Vec<u8>,
     /// The value.
     pub value: Vec<u8>,
-    /// The source key's lease (0: none; always 0 for the target).
+    /// The key's lease on the side it was read from (0: none).
     pub lease: i64,
     /// The key's mod revision on the side it was read from.
     pub mod_revision: i64,
@@ -180,6 +180,8 @@ pub struct Differ {
     started: bool,
     /// Source keys compared so far, shared with a progress display ([`Differ::progress`]).
     progress: Option<Arc<AtomicU64>>,
+    /// A key whose target lease is not its source lease differs ([`Differ::with_leases`]).
+    leases: bool,
     /// Counts so far.
     pub counts: Counts,
 }
@@ -199,8 +201,17 @@ impl Differ {
             t: None,
             started: false,
             progress: None,
+            leases: false,
             counts: Counts::default(),
         }
+    }
+
+    /// With `leases` (`sync.leases = "preserve"`, where the target lease has the source's ID), a
+    /// key whose target lease differs from its source lease is divergent; its repair puts it
+    /// again under the source's lease.
+    pub fn with_leases(mut self, leases: bool) -> Differ {
+        self.leases = leases;
+        self
     }
 
     /// Publishes the source keys compared so far into `counter` as the merge goes (a progress
@@ -249,7 +260,7 @@ impl Differ {
             return Ok(Some(Entry {
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
-                lease: 0,
+                lease: kv.lease(),
                 mod_revision: kv.mod_revision(),
             }));
         }
@@ -264,7 +275,7 @@ impl Differ {
             self.t = self.next_target().await?;
         }
         loop {
-            let step = merge_step(self.s.as_ref(), self.t.as_ref());
+            let step = merge_step(self.s.as_ref(), self.t.as_ref(), self.leases);
             let (s, t) = (self.s.take(), self.t.take());
             match step {
                 Step::Done => return Ok(None),
@@ -311,8 +322,9 @@ enum Step {
 }
 
 /// The merge-join's decision: both streams are in key order (the rewrite preserves order), so
-/// the smaller head is the one the other side lacks.
-fn merge_step(s: Option<&Entry>, t: Option<&Entry>) -> Step {
+/// the smaller head is the one the other side lacks; with `leases`, equal keys must carry the
+/// same lease ID too.
+fn merge_step(s: Option<&Entry>, t: Option<&Entry>, leases: bool) -> Step {
     match (s, t) {
         (None, None) => Step::Done,
         (Some(_), None) => Step::Missing,
@@ -320,7 +332,7 @@ fn merge_step(s: Option<&Entry>, t: Option<&Entry>) -> Step {
         (Some(s), Some(t)) => match s.key.cmp(&t.key) {
             std::cmp::Ordering::Less => Step::Missing,
             std::cmp::Ordering::Greater => Step::Orphan,
-            std::cmp::Ordering::Equal if s.value == t.value => Step::Same,
+            std::cmp::Ordering::Equal if s.value == t.value && (!leases || s.lease == t.lease) => Step::Same,
             std::cmp::Ordering::Equal => Step::Divergent,
         },
     }

@@ -8,7 +8,7 @@ fn entry(key: &str, value: &str) -> Entry {
 fn merge(source: &[Entry], target: &[Entry]) -> Vec<(Step, String)> {
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
     loop {
-        let step = merge_step(source.get(i), target.get(j));
+        let step = merge_step(source.get(i), target.get(j), false);
         match step {
             Step::Done => return out,
             Step::Missing => {
@@ -56,7 +56,18 @@ fn empty_and_equal_sides() {
     assert!(merge(&side, &side).is_empty());
     assert_eq!(merge(&side, &[]).len(), 2);
     assert!(merge(&[], &side).iter().all(|(s, _)| *s == Step::Orphan));
-    assert_eq!(merge_step(None, None), Step::Done);
+    assert_eq!(merge_step(None, None, false), Step::Done);
+}
+
+/// Where leases are preserved, the same value under another lease (or none) differs; where
+/// they are stripped, leases are not compared.
+#[test]
+fn leases_differ_only_where_preserved() {
+    let leased = |lease| Entry { lease, ..entry("/a", "1") };
+    assert_eq!(merge_step(Some(&leased(7)), Some(&leased(7)), true), Step::Same);
+    assert_eq!(merge_step(Some(&leased(7)), Some(&leased(0)), true), Step::Divergent);
+    assert_eq!(merge_step(Some(&leased(7)), Some(&leased(8)), true), Step::Divergent);
+    assert_eq!(merge_step(Some(&leased(7)), Some(&leased(0)), false), Step::Same);
 }
 
 /// Digests are equal exactly when the ordered (key, value) pairs are: the length prefix keeps

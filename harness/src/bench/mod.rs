@@ -63,6 +63,9 @@ pub struct BenchPlan {
     pub sync_only: bool,
     /// etcd version of every cluster of the run.
     pub version: EtcdVersion,
+    /// Leases of the leased-keys case (0: skipped): `keys` keys spread over this many source
+    /// leases, synced once with `sync.leases = "strip"` and once with `"preserve"`.
+    pub leases: usize,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -125,6 +128,9 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     );
 
     peak_rss(&agent, "initial sync", &mut f);
+    if plan.leases > 0 {
+        leased_sync(&plan).await?;
+    }
     if plan.sync_only {
         return Ok(f);
     }
@@ -191,6 +197,47 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
 
 /// Prints and records the agent's peak RSS over the case that just ended, and starts the next
 /// case's peak from the RSS it has now.
+/// The leased-keys case: the same keys under `plan.leases` source leases, synced to a fresh
+/// target with leases stripped, then preserved (a grant per lease before its first Txn, and the
+/// keep-alive rounds between scan cycles); the second as a ratio of the first.
+async fn leased_sync(plan: &BenchPlan) -> anyhow::Result<()> {
+    let source = EtcdCluster::start(ClusterSpec::new(plan.version)).await?;
+    let mut src = source.client().await?;
+    let n = plan.leases as i64;
+    for id in 1..=n {
+        src.lease_grant(600, Some(etcd_client::LeaseGrantOptions::new().with_id(id))).await?;
+    }
+    let value = vec![b'v'; plan.value_size];
+    for start in (0..plan.keys).step_by(FLAT_OPS) {
+        let puts: Vec<etcd_client::TxnOp> = (start..(start + FLAT_OPS).min(plan.keys))
+            .map(|i| {
+                let lease = etcd_client::PutOptions::new().with_lease(1 + i as i64 % n);
+                etcd_client::TxnOp::put(key("/bench/", i), value.clone(), Some(lease))
+            })
+            .collect();
+        src.txn(etcd_client::Txn::new().and_then(puts)).await?;
+    }
+    let mut rates = Vec::new();
+    for mode in ["strip", "preserve"] {
+        let target = EtcdCluster::start(ClusterSpec::new(plan.version)).await?;
+        let mut dst = target.client().await?;
+        let cfg = AgentConfig::new("bench-leases", source.endpoints(), target.endpoints(), "/bench/")
+            .overlay(&format!("[sync]\nprogress_interval = \"1s\"\nleases = \"{mode}\""))
+            .overlay(&plan.agent_toml);
+        let started = Instant::now();
+        let _agent = AgentProcess::start(&cfg).await?;
+        wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
+        let rate = plan.keys as f64 / started.elapsed().as_secs_f64();
+        rates.push(rate);
+        println!(
+            "agent initial sync, {} keys under {n} leases, leases {mode:<8}: {rate:>10.0} keys/s = {:.2} x strip",
+            plan.keys,
+            rate / rates[0]
+        );
+    }
+    Ok(())
+}
+
 fn peak_rss(agent: &AgentProcess, case: &str, f: &mut Figures) {
     match agent.take_peak_rss_bytes() {
         Some(b) => {

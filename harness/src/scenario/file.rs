@@ -34,6 +34,10 @@
 //! - `load lease_ttl = S` grants `lease` with that TTL when it does not exist yet; `expect
 //!   leases_match = true` (every leased source key carries the same lease ID on the target, same
 //!   granted TTL, remaining TTL at most 3 s lower) and `target_leases_gone = [ID, ...]`.
+//! - `load_leased` (`keys`, `prefix`, `first`, `count`, `ttl`, `ttl_max`: keys round-robin over
+//!   `count` source leases of rising TTLs), `keep_leases` (`side`, `first`, `count`, `for`: a
+//!   client keeping them alive, usually `background = true`), `grant` (`side`, `lease`, `ttl`);
+//!   `expect leases_match` with `during` samples 20 times over it; `target_leases_alive`.
 //! - `put outside_prefix = true`: `key` is the whole key, outside the side's prefix (another
 //!   application's write to the same cluster).
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image

@@ -4,9 +4,9 @@ use mirror_core::{ConditionType, HumanDuration, Phase};
 
 use super::super::step::Churn;
 use super::super::step::{
-    kind, parse_condition, parse_until, Compact, ConditionIs, Del, Delay, Expect, FailbackPlan, KillMember,
-    Load, MemberRef, Put, Restore, RevisionRef, Revoke, SideName, Signal, Sleep, Snapshot, StartAgent, Step,
-    StopAgent, Until,
+    kind, parse_condition, parse_until, Compact, ConditionIs, Del, Delay, Expect, FailbackPlan, Grant,
+    KeepLeases, KillMember, Load, LoadLeased, MemberRef, Put, Restore, RevisionRef, Revoke, SideName, Signal,
+    Sleep, Snapshot, StartAgent, Step, StopAgent, Until,
 };
 use super::*;
 
@@ -143,6 +143,14 @@ fn steps_round_trip() {
         Box::new(Restore { side: SideName::Target, name: "before".into() }),
         Box::new(Delay { side: SideName::Source, ms: 200 }),
         Box::new(StartAgent { id: "r".into(), epoch: None, toml: None, reverse: true }),
+        Box::new(LoadLeased { keys: 10, prefix: "l/".into(), first: 1, count: 5, ttl: 10, ttl_max: 60 }),
+        Box::new(KeepLeases {
+            side: SideName::Target,
+            first: 1,
+            count: 5,
+            for_: HumanDuration(Duration::from_secs(30)),
+        }),
+        Box::new(Grant { side: SideName::Target, lease: 9, ttl: 30 }),
         Box::new(FailbackPlan { toml: None, expect: 0, listed_from: "keys".into() }),
         Box::new(Put {
             side: SideName::Source,
@@ -173,6 +181,7 @@ fn steps_round_trip() {
             target_still_for: Some(HumanDuration(Duration::from_secs(3))),
             leases_match: Some(true),
             target_leases_gone: vec![7],
+            target_leases_alive: vec![8],
             agent: "a".into(),
             timeout: HumanDuration::secs(60),
         }),

@@ -133,6 +133,7 @@ impl Run<'_> {
             s.keys_applied_total += keys as u64;
             s.lease_backed_keys += leased;
         });
-        Ok(())
+        // The leases granted so far stay alive however long the scan runs (a second apart).
+        self.lease_round().await
     }
 }

@@ -10,9 +10,11 @@
 //! passed the revision at which it was seen gone: the expiry's deletes are applied in order
 //! first, so the revoke deletes nothing the source still held.
 //!
-//! Keep-alives and revokes run only on the tail's task, i.e. only while this agent holds the
-//! fence: after a cutover or failover, or in standby, nothing keeps the leases alive, and they
-//! run out on their TTL unless a client keeps the same IDs alive on the target.
+//! Keep-alives and revokes run only on the engine's own task while it holds the fence (the
+//! tail every second, and the initial scan between its cycles, so a scan longer than a TTL does
+//! not let the leases it already granted lapse): after a cutover or failover, or in standby,
+//! nothing keeps the leases alive, and they run out on their TTL unless a client keeps the same
+//! IDs alive on the target.
 //!
 //! A target lease with the same ID and another TTL is not this link's: `LeaseConflict`.
 
@@ -60,6 +62,8 @@ pub(super) struct Leases {
     pub revoked_total: u64,
     /// The longest time since a live lease was last kept alive, at the last tick.
     pub keepalive_lag: Duration,
+    /// Not before this does the next tick run (a second apart, whoever calls).
+    next_tick: Option<Instant>,
 }
 
 impl Leases {
@@ -158,11 +162,15 @@ impl Leases {
         every: Duration,
         timeout: Duration,
     ) -> Result<(), EngineError> {
-        if !self.enabled || (self.granted.is_empty() && self.gone.is_empty()) {
+        let now = Instant::now();
+        if !self.enabled
+            || (self.granted.is_empty() && self.gone.is_empty())
+            || self.next_tick.is_some_and(|next| now < next)
+        {
             return Ok(());
         }
+        self.next_tick = Some(now + Duration::from_secs(1));
         let (live, at) = list(source, Side::Source, timeout).await?;
-        let now = Instant::now();
         let mut due = Vec::new();
         let mut lag = Duration::ZERO;
         self.granted.retain(|id, g| {

@@ -193,8 +193,12 @@ impl Run<'_> {
         }
         let watermark = self.writer().record().watermark;
         let sync = self.cfg().sync.clone();
-        let mut repairs =
-            Repairs::new(self.differ_at_watermark(), self.chunker(), |_: &[u8], _| delete_orphans);
+        // Where leases are preserved, a key under another target lease (or none) is repaired
+        // too. Only here: a drain verification would fail a cutover on a lease that expired
+        // while it ran (its key written without it), which a later event repairs anyway.
+        let preserve = sync.leases == mirror_core::LeaseMode::Preserve;
+        let differ = self.differ_at_watermark().with_leases(preserve);
+        let mut repairs = Repairs::new(differ, self.chunker(), |_: &[u8], _| delete_orphans);
         let rate = sync.max_ops_per_second.max(0) as f64;
         let mut repaired = 0u64;
         loop {

@@ -124,7 +124,8 @@ pub struct Expect {
     /// (`watch_restarts` in status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_watch_restarts: Option<u64>,
-    /// Extension: how long `max_lag_revisions` must hold (default: one read).
+    /// Extension: how long `max_lag_revisions` must hold, or over how long `leases_match` is
+    /// sampled 20 times (default: one read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub during: Option<HumanDuration>,
     /// Extension: the link's checkpoint has this role (`"primary"` after a cutover or failover).
@@ -142,6 +143,9 @@ pub struct Expect {
     /// Extension: these lease IDs do not exist on the target (revoked after the source's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_leases_gone: Vec<i64>,
+    /// Extension: these lease IDs live on the target and still hold keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_leases_alive: Vec<i64>,
     /// Agent id.
     #[serde(default = "agent_a", skip_serializing_if = "is_a")]
     pub agent: String,
@@ -205,12 +209,26 @@ impl Step for Expect {
         }
         self.named_keys(world).await?;
         if self.leases_match == Some(true) {
-            leases_match(world).await?;
+            // With `during`: 20 samples, the first now and the last at its end.
+            let samples: u32 = if self.during.is_some() { 20 } else { 1 };
+            let span = self.during.map_or(Duration::ZERO, |d| d.get());
+            let start = Instant::now();
+            for k in 0..samples {
+                tokio::time::sleep_until(start + span * k / (samples - 1).max(1)).await;
+                leases_match(world).await.with_context(|| format!("leases_match, sample {}", k + 1))?;
+            }
+            println!("           leases matched at {samples} samples");
         }
+        let mut dst = world.target.client().await?;
         for id in &self.target_leases_gone {
-            let mut dst = world.target.client().await?;
             let ttl = dst.lease_time_to_live(*id, None).await?.ttl();
             anyhow::ensure!(ttl < 0, "target lease {id} still exists (ttl {ttl}s)");
+        }
+        for id in &self.target_leases_alive {
+            let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+            let resp = dst.lease_time_to_live(*id, Some(opts)).await?;
+            anyhow::ensure!(resp.ttl() > 0, "target lease {id} is gone");
+            anyhow::ensure!(!resp.keys().is_empty(), "target lease {id} holds no key");
         }
         if let Some(role) = self.checkpoint_role {
             let key = world.base.parsed()?.checkpoint_key();

@@ -1,6 +1,7 @@
 //! The step kinds of a scenario file (SPEC §8 and the extensions listed in `file.rs`).
 //!
-//! Each kind is a type of its own, in the file of its family: `data` (writes to a side),
+//! Each kind is a type of its own, in the file of its family: `data` (writes to a side), `lease`
+//! (leases as a registry's clients use them),
 //! `agent` (start, stop, reload, one-shot commands), `member` (members and whole sides:
 //! kill, pause, compact, snapshot, defrag), `network` (the fault proxies), `check` (sleep,
 //! wait, expect). A kind's `impl Step` carries its name (`#[typetag::serde(name = "...")]`,
@@ -17,6 +18,7 @@ use super::world::World;
 mod agent;
 mod check;
 mod data;
+mod lease;
 mod member;
 mod network;
 mod until;
@@ -25,6 +27,7 @@ pub use crate::scenario::sides::{Journal, MemberRef, RevisionRef, SideName, Side
 pub use agent::{Cutover, FailbackPlan, Failover, ReloadAgent, StartAgent, StopAgent, Verify};
 pub use check::{Expect, Sleep, Wait};
 pub use data::{CheckPerf, Churn, Del, Load, Put, Revoke, Txn};
+pub use lease::{Grant, KeepLeases, LoadLeased};
 pub use member::{
     AlarmDisarm, Compact, Defrag, KillMember, PauseMember, Restore, ResumeMember, Snapshot, StartMember,
     StopMember,

@@ -43,32 +43,46 @@ impl Run<'_> {
     /// progress request (the watch starts at watermark + 1, a revision the server has not
     /// reached), so nothing would ever confirm the watermark and a failover would report an
     /// unbounded loss window. A linearizable read says it directly: its header revision is the
-    /// source's revision when it was served. At or below the watermark, the source held
-    /// nothing newer then; the time is stored as `confirm_current` does. Above it, the watch's
-    /// own replies and events confirm (the server has reached its start revision). A failed
-    /// read confirms nothing and is left to the watch to notice.
-    pub(super) async fn confirm_by_read(&mut self, scan_end: &Option<i64>) -> Result<(), EngineError> {
+    /// source's revision when it was served. The read runs on a task of its own (one at a time)
+    /// so a source that does not answer never holds up the tail: its watch error, a fence check
+    /// or a stop is handled meanwhile. Above the watermark, the watch's own replies and events
+    /// confirm (the server has reached its start revision).
+    pub(super) fn start_confirm_read(&mut self, scan_end: &Option<i64>) {
         let watermark = self.writer().record().watermark;
-        if scan_end.is_some() || self.newest_header.as_ref().is_some_and(|(header, _)| *header > watermark) {
-            return Ok(());
+        if self.confirm_read.is_some()
+            || scan_end.is_some()
+            || self.newest_header.as_ref().is_some_and(|(header, _)| *header > watermark)
+        {
+            return;
         }
-        // Short: it runs on the tail's task, and a source that cannot answer within a
-        // progress interval confirms nothing anyway.
         let sync = &self.cfg().sync;
         let timeout = sync.request_timeout.get().min(sync.progress_interval.get());
-        let opts = GetOptions::new().with_count_only().with_limit(1);
         let key = self.engine.rewriter.source_prefix().to_vec();
-        let Ok(resp) =
-            unary("confirm read", Side::Source, timeout, self.source.kv_client().get(key, Some(opts))).await
-        else {
-            return Ok(());
-        };
-        let header = resp.header().map_or(0, |h| h.revision());
+        let mut kv = self.source.kv_client();
+        self.confirm_read = Some(tokio::spawn(async move {
+            let opts = GetOptions::new().with_count_only().with_limit(1);
+            let resp = unary("confirm read", Side::Source, timeout, kv.get(key, Some(opts))).await.ok()?;
+            Some((resp.header().map_or(0, |h| h.revision()), now_rfc3339()))
+        }));
+    }
+
+    /// The confirm read's answer (the source's revision and when it was served): at or below
+    /// the watermark, the source held nothing newer then; stored as `confirm_current` does. A
+    /// failed read confirms nothing and is left to the watch to notice.
+    pub(super) async fn on_confirm_read(
+        &mut self,
+        answer: Option<(i64, String)>,
+        scan_end: &Option<i64>,
+    ) -> Result<(), EngineError> {
+        self.confirm_read = None;
+        let Some((header, time)) = answer else { return Ok(()) };
         self.engine.update(|s| s.source_revision = s.source_revision.max(header));
-        if header > watermark {
+        if header > self.writer().record().watermark {
             return Ok(());
         }
-        self.newest_header = Some((header, now_rfc3339()));
+        if self.newest_header.as_ref().is_none_or(|(newest, _)| header >= *newest) {
+            self.newest_header = Some((header, time));
+        }
         self.confirm_current(scan_end).await
     }
 }

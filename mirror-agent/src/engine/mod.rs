@@ -340,6 +340,8 @@ struct Run<'e> {
     next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
+    /// The idle source's confirm read in flight (`confirm`): its revision and when it answered.
+    confirm_read: Option<tokio::task::JoinHandle<Option<(i64, String)>>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
     buffering: Option<mirror_watch::Forwarder>,
     /// The newest source header revision the tail's watch answered with, and when it arrived:

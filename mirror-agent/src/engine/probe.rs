@@ -92,6 +92,7 @@ impl Engine {
             drain_settles: 0,
             next_idle_proof: None,
             member_probe: None,
+            confirm_read: None,
             buffering: None,
             newest_header: None,
         };

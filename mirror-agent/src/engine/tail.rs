@@ -118,7 +118,11 @@ impl Run<'_> {
                 }
                 _ = progress.tick() => {
                     let _ = watch.sender.request_progress().await;
-                    self.confirm_by_read(&scan_end).await?;
+                    self.start_confirm_read(&scan_end);
+                    continue;
+                }
+                answer = join_some(&mut self.confirm_read) => {
+                    self.on_confirm_read(answer.ok().flatten(), &scan_end).await?;
                     continue;
                 }
                 msg = watch.stream.message() => msg,

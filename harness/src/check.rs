@@ -30,12 +30,29 @@ pub async fn read_window(
     window: &KeyRange,
     revision: i64,
 ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    read_window_with(client, window, revision, false).await
+}
+
+/// [`read_window`]; with `leases`, each leased key's value is followed by its lease ID (so
+/// a comparison sees a key under another lease as different).
+async fn read_window_with(
+    client: &mut Client,
+    window: &KeyRange,
+    revision: i64,
+    leases: bool,
+) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let opts = PagerOptions::new("g3 check page", 2000, 4 << 20, std::time::Duration::from_secs(30))
         .at_revision(revision);
     let mut pager = Pager::new(client.kv_client(), Side::Target, vec![window.clone()], opts);
     let mut out = Vec::new();
     while let Some(kvs) = pager.next_page().await? {
-        out.extend(kvs.into_iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())));
+        out.extend(kvs.into_iter().map(|kv| {
+            let mut value = kv.value().to_vec();
+            if leases && kv.lease() != 0 {
+                value.extend_from_slice(format!("\0lease {:x}", kv.lease()).as_bytes());
+            }
+            (kv.key().to_vec(), value)
+        }));
     }
     Ok(out)
 }
@@ -60,6 +77,18 @@ pub async fn check_g3(
     rewriter: &KeyRewriter,
     checkpoint_key: &[u8],
 ) -> anyhow::Result<G3> {
+    check_g3_leases(source, target, rewriter, checkpoint_key, false).await
+}
+
+/// [`check_g3`]; with `leases` (`sync.leases = "preserve"`), every key must also carry the same
+/// lease ID on both sides.
+pub async fn check_g3_leases(
+    source: &mut Client,
+    target: &mut Client,
+    rewriter: &KeyRewriter,
+    checkpoint_key: &[u8],
+    leases: bool,
+) -> anyhow::Result<G3> {
     let cp = target.get(checkpoint_key, None).await?;
     let at = cp.header().context("no header")?.revision();
     let Some(kv) = cp.kvs().first() else { return Ok(G3::NotYet) };
@@ -68,8 +97,8 @@ pub async fn check_g3(
         return Ok(G3::NotYet);
     }
     let w = record.watermark;
-    let mut target_kvs = read_target(target, rewriter, at).await?;
-    let source_kvs = read_source(source, rewriter, w).await?;
+    let mut target_kvs = read_target(target, rewriter, at, leases).await?;
+    let source_kvs = read_source(source, rewriter, w, leases).await?;
     if let Some(diff) = difference(source_kvs, &mut target_kvs) {
         return Err(G3Violation(format!("G3 violated at watermark {w} (target read at {at}): {diff}")).into());
     }
@@ -84,8 +113,8 @@ pub async fn difference_now(
     target: &mut Client,
     rewriter: &KeyRewriter,
 ) -> anyhow::Result<Option<String>> {
-    let source_kvs = read_source(source, rewriter, 0).await?;
-    let mut target_kvs = read_target(target, rewriter, 0).await?;
+    let source_kvs = read_source(source, rewriter, 0, false).await?;
+    let mut target_kvs = read_target(target, rewriter, 0, false).await?;
     Ok(difference(source_kvs, &mut target_kvs))
 }
 
@@ -94,10 +123,11 @@ async fn read_source(
     source: &mut Client,
     rewriter: &KeyRewriter,
     revision: i64,
+    leases: bool,
 ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut kvs = Vec::new();
     for window in rewriter.scan_windows() {
-        for (k, v) in read_window(source, &window, revision).await? {
+        for (k, v) in read_window_with(source, &window, revision, leases).await? {
             if let Some(t) = rewriter.to_target(&k) {
                 kvs.push((t, v));
             }
@@ -111,10 +141,11 @@ async fn read_target(
     target: &mut Client,
     rewriter: &KeyRewriter,
     revision: i64,
+    leases: bool,
 ) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut kvs = Vec::new();
     for window in rewriter.target_windows() {
-        kvs.extend(read_window(target, &window, revision).await?);
+        kvs.extend(read_window_with(target, &window, revision, leases).await?);
     }
     Ok(kvs)
 }

@@ -41,7 +41,7 @@ mod proxy;
 pub mod scenario;
 
 pub use agent::{agent_binary, agent_command, AgentBackend, AgentConfig, AgentProcess, AGENT_IMAGE};
-pub use check::{check_g3, difference_now, read_window, G3Violation, G3};
+pub use check::{check_g3, check_g3_leases, difference_now, read_window, G3Violation, G3};
 pub use container::LABEL as CONTAINER_LABEL;
 pub use etcd::{
     agent_client, docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion,

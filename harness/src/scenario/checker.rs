@@ -1,5 +1,5 @@
-//! The continuous G3 checker: while a scenario runs, G3 is checked every 300 ms; a violation
-//! fails the run at the next step.
+//! The continuous G3 checker: while a scenario runs, G3 is checked every 300 ms (lease IDs
+//! included where the agent preserves leases); a violation fails the run at the next step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::sync::RwLock;
 
-use crate::{check_g3, G3Violation, G3};
+use crate::{check_g3_leases, G3Violation, G3};
 
 /// What the continuous G3 checker saw.
 #[derive(Default)]
@@ -25,6 +25,7 @@ pub(in crate::scenario) async fn check_continuously(
     mut dst: Client,
     rewriter: mirror_core::KeyRewriter,
     checkpoint_key: Vec<u8>,
+    leases: bool,
     state: Arc<CheckerState>,
 ) {
     loop {
@@ -34,7 +35,7 @@ pub(in crate::scenario) async fn check_continuously(
         }
         let check = tokio::time::timeout(
             Duration::from_secs(20),
-            check_g3(&mut src, &mut dst, &rewriter, &checkpoint_key),
+            check_g3_leases(&mut src, &mut dst, &rewriter, &checkpoint_key, leases),
         )
         .await;
         match check {

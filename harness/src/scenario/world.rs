@@ -150,6 +150,7 @@ impl<'a> World<'a> {
             target.client().await?,
             parsed.rewriter(),
             parsed.checkpoint_key(),
+            parsed.sync.leases == mirror_core::LeaseMode::Preserve,
             checker.clone(),
         ));
         Ok(World {

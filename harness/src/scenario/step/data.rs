@@ -262,16 +262,22 @@ impl Step for Del {
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
         let key = key_of(&self.key, &sides, self.side);
         let (client, prefix) = sides.of(self.side);
-        let opts = DeleteOptions::new().with_prev_key();
-        let resp = match &self.prefix {
-            Some(p) => client.delete(format!("{prefix}{p}"), Some(opts.with_prefix())).await?,
-            None => client.delete(key, Some(opts)).await?,
+        let under = self.prefix.as_ref().map(|p| format!("{prefix}{p}"));
+        let resp = match &under {
+            Some(p) => client.delete(p.as_str(), Some(DeleteOptions::new().with_prefix())).await?,
+            None => client.delete(key, Some(DeleteOptions::new().with_prev_key())).await?,
         };
         if self.side == SideName::Source {
             let revision = resp.header().map_or(0, |h| h.revision());
-            sides.journal.record(
-                resp.prev_kvs().iter().map(|kv| Written::Delete { key: kv.key().to_vec(), revision }),
-            );
+            let deleted = match &under {
+                // The keys the prefix held just before, paged: a prefix delete may remove
+                // 300 000 keys, and their previous values in one answer pass the client's
+                // decode limit.
+                Some(p) if resp.deleted() > 0 => keys_at(client, p, revision - 1).await?,
+                Some(_) => Vec::new(),
+                None => resp.prev_kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            };
+            sides.journal.record(deleted.into_iter().map(|key| Written::Delete { key, revision }));
         }
         Ok(format!("{} keys deleted", resp.deleted()))
     }
@@ -388,6 +394,21 @@ pub(super) async fn write(
         Some(want) => world.applied_as(want, step.run_detached(sides, seed)).await,
         None => step.run_detached(sides, seed).await,
     }
+}
+
+/// The keys under `prefix` at `revision`, read keys-only in pages.
+async fn keys_at(client: &Client, prefix: &str, revision: i64) -> anyhow::Result<Vec<Vec<u8>>> {
+    let opts =
+        mirror_core::PagerOptions::new("journal page", 1000, 1 << 20, std::time::Duration::from_secs(30))
+            .at_revision(revision)
+            .keys_only();
+    let range = mirror_core::KeyRange::prefix(prefix.as_bytes());
+    let mut pager = mirror_core::Pager::new(client.kv_client(), mirror_core::Side::Source, vec![range], opts);
+    let mut keys = Vec::new();
+    while let Some(page) = pager.next_page().await? {
+        keys.extend(page.iter().map(|kv| kv.key().to_vec()));
+    }
+    Ok(keys)
 }
 
 /// `key` under the side's prefix, or the checkpoint key when none is given.

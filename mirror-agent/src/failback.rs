@@ -26,10 +26,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use etcd_client::{Client, GetOptions};
-use mirror_core::{
-    connect_to, parse_version, probe_members, progress_notify_trustworthy, unary, Config, Pager,
-    PagerOptions, Side, TrustProgressNotify,
-};
+use mirror_core::{connect_to, parse_version, probe_members, unary, Config, Pager, PagerOptions, Side};
 use mirror_watch::{read_history, History, HistoryError, Written};
 use serde_json::json;
 
@@ -90,14 +87,13 @@ async fn plan(config: &Config, watermark: i64, out: &Path) -> Result<String, Fai
     let probe = probe_members(Side::Target, &config.target, sync).await.map_err(|e| {
         anyhow::anyhow!("cannot reach the old source (the target of {:?}): {e}", config.link_uid)
     })?;
-    let lowest = probe.members.iter().filter_map(|m| parse_version(&m.version)).min();
-    let trusted = match sync.trust_progress_notify {
-        TrustProgressNotify::Always => true,
-        TrustProgressNotify::Never => false,
-        TrustProgressNotify::Auto => {
-            lowest.is_some_and(|(a, b, c)| progress_notify_trustworthy(&format!("{a}.{b}.{c}")))
-        }
-    };
+    let lowest = probe
+        .members
+        .iter()
+        .filter_map(|m| Some((parse_version(&m.version)?, m.version.as_str())))
+        .min()
+        .map_or(mirror_core::UNKNOWN_VERSION, |(_, v)| v);
+    let trusted = sync.trust_progress_notify.trusts(lowest);
     let client = connect_to(Side::Target, &config.target, sync, &probe.reachable_endpoints()).await?;
     let rewriter = config.rewriter();
     let range = rewriter.target_range();

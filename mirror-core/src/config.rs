@@ -234,6 +234,17 @@ impl Default for Backoff {
     }
 }
 
+impl TrustProgressNotify {
+    /// Whether progress notifications of a server of `version` (a side's lowest) are trusted.
+    pub fn trusts(self, version: &str) -> bool {
+        match self {
+            TrustProgressNotify::Always => true,
+            TrustProgressNotify::Never => false,
+            TrustProgressNotify::Auto => crate::progress_notify_trustworthy(version),
+        }
+    }
+}
+
 /// `sync.leases`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -76,6 +76,8 @@ fn base_config_is_valid_with_spec_defaults() {
     assert_eq!(c.sync.backoff.max.get().as_secs(), 30);
     assert_eq!(c.sync.progress_interval.get().as_secs(), 45);
     assert_eq!(c.sync.trust_progress_notify, TrustProgressNotify::Auto);
+    assert!(TrustProgressNotify::Auto.trusts("3.5.30") && !TrustProgressNotify::Auto.trusts("3.5.1"));
+    assert!(TrustProgressNotify::Always.trusts("3.5.1") && !TrustProgressNotify::Never.trusts("3.5.30"));
     assert_eq!(c.sync.leases, crate::LeaseMode::Strip);
     assert_eq!(c.reconcile.interval.get().as_secs(), 3600);
     assert!(!c.reconcile.delete_orphans);

@@ -2,8 +2,8 @@
 //! a connected [`Run`] to the start planner.
 
 use mirror_core::{
-    connect_to, parse_version, probe_members, progress_notify_trustworthy, ConditionType, Config, EtcdError,
-    Fault, Phase, Probe, Side, SideStatus, Status, TrustProgressNotify,
+    connect_to, parse_version, probe_members, ConditionType, Config, EtcdError, Fault, Phase, Probe, Side,
+    SideStatus, Status,
 };
 
 use super::{Engine, EngineError, Pending, Refusal, Run};
@@ -41,11 +41,7 @@ impl Engine {
         let (target_info, target_cluster) = side_status(Side::Target, &target_probe)?;
         self.update(|s| members_reachable(s, &source_probe, &target_probe));
         let learner = source_info.learner || target_info.learner;
-        let trust = match sync.trust_progress_notify {
-            TrustProgressNotify::Always => true,
-            TrustProgressNotify::Never => false,
-            TrustProgressNotify::Auto => progress_notify_trustworthy(&source_info.version),
-        };
+        let trust = sync.trust_progress_notify.trusts(&source_info.version);
         self.update(|s| {
             s.source = SideStatus { tls_cert_expiry: expiry.0, ..source_info.clone() };
             s.target = SideStatus { tls_cert_expiry: expiry.1, ..target_info.clone() };

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseKeeper};
+use futures::StreamExt as _;
 use mirror_core::{unary, EtcdError, Op, Side};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -132,24 +133,25 @@ impl Leases {
                 _ => None,
             })
             .collect();
-        for id in wanted {
-            let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await? else { continue };
-            let opts = LeaseGrantOptions::new().with_id(id);
-            match unary("lease grant", Side::Target, timeout, target.lease_client().grant(ttl, Some(opts)))
-                .await
-            {
-                Ok(_) => self.granted_total += 1,
-                Err(e) if e.to_string().contains("lease already exists") => {
-                    let theirs = ttl_of(target, Side::Target, id, timeout).await?.unwrap_or(0);
-                    if theirs != ttl {
-                        return Err(Refusal::LeaseConflict { id, source_ttl: ttl, target_ttl: theirs }.into());
-                    }
+        // Concurrently: a grant is a raft proposal, and a chunk of a scan can name a thousand
+        // leases; one at a time they cost more than the chunk's own Txn.
+        let outcomes: Vec<(i64, Result<Option<Grant>, EngineError>)> = futures::stream::iter(wanted)
+            .map(|id| async move { (id, grant_same(source, target, id, timeout).await) })
+            .buffer_unordered(GRANTS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut first_error = None;
+        for (id, outcome) in outcomes {
+            match outcome {
+                Ok(Some(grant)) => {
+                    self.granted_total += u64::from(grant.new);
+                    self.granted.insert(id, Granted { ttl: grant.ttl, kept: Instant::now() });
                 }
-                Err(e) => return Err(e.into()),
+                Ok(None) => {}
+                Err(e) => first_error = first_error.or(Some(e)),
             }
-            self.granted.insert(id, Granted { ttl, kept: Instant::now() });
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Keeps alive the leases whose source lease lives and that are due; marks the others gone
@@ -275,6 +277,40 @@ impl Run<'_> {
     /// The etcd ops of `ops`, each put with its lease where the target holds it.
     pub(super) fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
         ops.iter().map(|op| op.to_txn_op_with(|id| self.leases.attached(id))).collect()
+    }
+}
+
+/// Lease grants in flight at once in [`Leases::ensure`].
+const GRANTS_IN_FLIGHT: usize = 128;
+
+/// A target lease as [`grant_same`] left it.
+struct Grant {
+    ttl: i64,
+    /// Granted now, not found there already.
+    new: bool,
+}
+
+/// Grants on the target source lease `id` with its granted TTL; `None` when the source lease
+/// is already gone. The same ID already there with the same TTL is ours (an earlier grant whose
+/// answer was lost, or an earlier run's); with another TTL it is a `LeaseConflict`.
+async fn grant_same(
+    source: &Client,
+    target: &Client,
+    id: i64,
+    timeout: Duration,
+) -> Result<Option<Grant>, EngineError> {
+    let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await? else { return Ok(None) };
+    let opts = LeaseGrantOptions::new().with_id(id);
+    match unary("lease grant", Side::Target, timeout, target.lease_client().grant(ttl, Some(opts))).await {
+        Ok(_) => Ok(Some(Grant { ttl, new: true })),
+        Err(e) if e.to_string().contains("lease already exists") => {
+            let theirs = ttl_of(target, Side::Target, id, timeout).await?.unwrap_or(0);
+            if theirs != ttl {
+                return Err(Refusal::LeaseConflict { id, source_ttl: ttl, target_ttl: theirs }.into());
+            }
+            Ok(Some(Grant { ttl, new: false }))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

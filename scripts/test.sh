@@ -20,4 +20,8 @@ cargo build --quiet -p mirror-agent
 MIRROR_IMAGE_PROFILE=dev bash scripts/image.sh
 # No crate has a doc test (examples in docs are `text` blocks); nextest does not run doc tests,
 # so one that is added must bring back `cargo test --workspace --doc` here, before nextest.
-cargo nextest run --workspace --profile ci --no-fail-fast
+# The ten slowest tests are printed whatever the outcome (where CI time goes: issue #24).
+rc=0
+cargo nextest run --workspace --profile ci --no-fail-fast || rc=$?
+python3 scripts/slowest.py "${CARGO_TARGET_DIR:-target}/nextest/ci/junit.xml" 10 || true
+exit "$rc"

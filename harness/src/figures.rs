@@ -24,9 +24,31 @@ pub struct Figures {
     pub tails: Vec<TailFigures>,
     /// Reconcile pass, keys/s.
     pub reconcile: f64,
+    /// The initial sync under live writes, when measured.
+    pub loaded: Option<LoadedFigures>,
     /// Agent peak RSS in bytes per case (initial sync, each tail rate, reconcile pass), where
     /// /proc has it.
     pub peak_rss: Vec<(String, u64)>,
+}
+
+/// The loaded case: an initial sync while the source takes writes, the minute after it, and a
+/// reconcile pass under the same writes.
+#[derive(Clone, Debug, Default)]
+pub struct LoadedFigures {
+    /// Offered writes/s, open loop, throughout.
+    pub rate: u32,
+    /// Keys at the start of the sync.
+    pub keys: usize,
+    /// Agent start to `InitialSyncComplete`, keys/s (the keys at the start over that time).
+    pub sync: f64,
+    /// Revisions buffered during the scan and replayed at its end, from the agent's log.
+    pub backlog: Option<u64>,
+    /// Tail lags over the minute after the sync, sorted.
+    pub lags: Vec<Duration>,
+    /// Puts the source refused, over the whole case.
+    pub refused: usize,
+    /// Reconcile pass under the same writes, keys/s.
+    pub reconcile: f64,
 }
 
 /// Lags at one offered rate, sorted ascending.

@@ -116,6 +116,10 @@ enum Command {
         /// (0: skip).
         #[arg(long, default_value_t = 0)]
         leases: usize,
+        /// Writes/s (open loop) the source takes during the loaded case: an initial sync of
+        /// `--keys` keys, the minute after it, and a reconcile pass (0: skip the case).
+        #[arg(long, default_value_t = 2_000)]
+        load_rate: u32,
     },
 }
 
@@ -207,6 +211,7 @@ async fn main() -> anyhow::Result<()> {
             sync_only,
             version: v,
             leases,
+            load_rate,
         } => harness::bench::run(harness::bench::BenchPlan {
             version: version(&v)?,
             keys,
@@ -219,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
             agent_toml: agent_toml.replace("\\n", "\n"),
             sync_only,
             leases,
+            load_rate,
         })
         .await
         .map(drop),

@@ -49,7 +49,8 @@ fn lag_cdf<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let all = f.tails.iter().flat_map(|t| t.agent.iter().chain(t.make_mirror.iter().flatten()));
+    let loaded = f.loaded.iter().flat_map(|l| l.lags.iter());
+    let all = f.tails.iter().flat_map(|t| t.agent.iter().chain(t.make_mirror.iter().flatten())).chain(loaded);
     let max_ms = all.map(|d| d.as_secs_f64() * 1e3).fold(1.0f64, f64::max) * 1.5;
     let mut chart = ChartBuilder::on(area)
         .caption("Tail lag: source put acknowledged -> visible in target", ("sans-serif", 18))
@@ -74,6 +75,14 @@ where
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(1)));
         }
     }
+    if let Some(l) = &f.loaded {
+        let colour = Palette99::pick(f.tails.len()).to_rgba();
+        chart
+            .draw_series(LineSeries::new(cdf(&l.lags), colour.stroke_width(3)))
+            .map_err(plot_error)?
+            .label(format!("agent, the minute after a sync under {} writes/s", l.rate))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(3)));
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
@@ -94,6 +103,10 @@ pub fn throughput(f: &Figures) -> Vec<(String, f64)> {
         bars.push(("make-mirror initial sync".to_owned(), mm));
     }
     bars.push(("agent reconcile pass".to_owned(), f.reconcile));
+    if let Some(l) = &f.loaded {
+        bars.push((format!("agent initial sync, {} writes/s", l.rate), l.sync));
+        bars.push((format!("agent reconcile, {} writes/s", l.rate), l.reconcile));
+    }
     bars
 }
 
@@ -140,7 +153,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::figures::TailFigures;
+    use crate::figures::{LoadedFigures, TailFigures};
 
     /// A run's figures make an SVG with both panels and every label, and the CDF ends at 1.
     #[test]
@@ -156,14 +169,29 @@ mod tests {
             make_mirror_sync: Some(2_000.0),
             tails: vec![TailFigures { rate: 500, agent: lags.clone(), make_mirror: Some(lags.clone()) }],
             reconcile: 70_000.0,
+            loaded: Some(LoadedFigures {
+                rate: 2_000,
+                keys: 1_000,
+                sync: 60_000.0,
+                backlog: Some(40),
+                lags: lags.clone(),
+                refused: 0,
+                reconcile: 50_000.0,
+            }),
             peak_rss: vec![("initial sync".into(), 12 << 20)],
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bench.svg");
         draw(&f, &path).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
-        for text in ["naive copier", "agent initial sync", "agent, 500 writes/s", "make-mirror, 500 writes/s"]
-        {
+        for text in [
+            "naive copier",
+            "agent initial sync",
+            "agent, 500 writes/s",
+            "make-mirror, 500 writes/s",
+            "agent initial sync, 2000 writes/s",
+            "the minute after a sync under 2000 writes/s",
+        ] {
             assert!(svg.contains(text), "{text} missing from the plot");
         }
         assert_eq!(cdf(&lags).last().map(|p| p.1), Some(1.0));

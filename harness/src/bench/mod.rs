@@ -14,6 +14,9 @@
 //! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
 //!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
+//! - the loaded case ([`loaded_sync`]): the same initial sync onto a fresh target while the
+//!   source takes `--load-rate` writes/s, the tail lag over the minute after it, G3, and a
+//!   reconcile pass under the same writes;
 //! - the agent's peak RSS in each case (initial sync, each tail rate, reconcile pass; its
 //!   VmHWM, reset between cases).
 //!
@@ -29,7 +32,7 @@ use tokio::time::Instant;
 
 mod baselines;
 
-pub use crate::figures::{quantile, Figures, TailFigures};
+pub use crate::figures::{quantile, Figures, LoadedFigures, TailFigures};
 use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 use baselines::{inner_ops, key, naive_copy, write_ceiling};
 
@@ -66,6 +69,8 @@ pub struct BenchPlan {
     /// Leases of the leased-keys case (0: skipped): `keys` keys spread over this many source
     /// leases, synced once with `sync.leases = "strip"` and once with `"preserve"`.
     pub leases: usize,
+    /// Writes/s of the loaded case (0: skipped): see [`loaded_sync`].
+    pub load_rate: u32,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -188,11 +193,116 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         f.reconcile / f.ceiling
     );
     peak_rss(&agent, "reconcile pass", &mut f);
+    drop(agent);
+    drop(target);
+    if plan.load_rate > 0 {
+        f.loaded = Some(loaded_sync(&plan, &source, &src, &mut f).await?);
+    }
     if let Some(path) = &plan.plot {
         crate::plot::draw(&f, path)?;
         println!("plot: {}", path.display());
     }
     Ok(f)
+}
+
+/// The loaded case, on a fresh target: the source takes `plan.load_rate` writes/s (open loop,
+/// new keys under `/bench/load/`) from a second before the agent starts until its
+/// `InitialSyncComplete`; then [`tail_lag`] goes on at the same rate for a minute; G3 is
+/// checked; then a reconcile pass runs while the writes go on again. The sync rate is the keys
+/// loaded before the run over the time from the agent's start to `InitialSyncComplete`
+/// (scan, replay of what the writes added meanwhile, and the catch-up).
+async fn loaded_sync(
+    plan: &BenchPlan,
+    source: &EtcdCluster,
+    src: &Client,
+    f: &mut Figures,
+) -> anyhow::Result<LoadedFigures> {
+    let rate = plan.load_rate;
+    let target = EtcdCluster::start(ClusterSpec::new(plan.version)).await?;
+    let dst = target.client().await?;
+    let cfg = AgentConfig::new("bench-loaded", source.endpoints(), target.endpoints(), "/bench/")
+        .overlay("[sync]\nprogress_interval = \"1s\"")
+        .overlay(&plan.agent_toml);
+    let keys =
+        src.clone().get("/bench/", Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
+    let keys = keys as usize;
+    let load = Background::start(src, "/bench/load/", rate);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let mut agent = AgentProcess::start(&cfg).await?;
+    agent
+        .wait_for("initial sync under load", Duration::from_secs(900), |s| {
+            s.condition(mirror_core::ConditionType::InitialSyncComplete)
+        })
+        .await?;
+    let sync = keys as f64 / started.elapsed().as_secs_f64();
+    let mut refused = load.stop().await?;
+    let backlog = replay_backlog(&agent.log());
+    let backlog_text = backlog.map_or_else(|| "unknown".to_owned(), |b| b.to_string());
+    println!(
+        "agent initial sync of {keys} keys under {rate} writes/s: {sync:>10.0} keys/s = {:.2} x ceiling = {:.2} x unloaded; replayed {backlog_text} revisions at scan end",
+        sync / f.ceiling,
+        sync / f.agent_sync
+    );
+    peak_rss(&agent, &format!("sync under {rate} writes/s"), f);
+
+    let after = tail_lag(src, &dst, "/bench/after/", rate, 60).await?;
+    refused += after.rejected;
+    println!("tail lag in the minute after it, {rate} writes/s: agent {}", after.summary());
+    let equal = crate::scenario::g3_of(source, &target, &cfg).await?;
+    anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the loaded sync: {equal:?}");
+    peak_rss(&agent, &format!("tail after it, {rate} writes/s"), f);
+
+    let load = Background::start(src, "/bench/load2/", rate);
+    agent.reload(cfg.clone().with("[reconcile]\ninterval = \"1s\""))?;
+    let status =
+        agent.wait_for("a reconcile pass", Duration::from_secs(900), |s| s.last_reconcile.is_some()).await?;
+    refused += load.stop().await?;
+    let pass = status.last_reconcile.unwrap_or_default();
+    let reconcile = pass.keys_compared as f64 / pass.duration_seconds.max(1e-9);
+    println!(
+        "reconcile pass under {rate} writes/s ({} keys):  {reconcile:>10.0} keys/s = {:.2} x unloaded; {} repaired",
+        pass.keys_compared,
+        reconcile / f.reconcile.max(1e-9),
+        pass.repaired
+    );
+    peak_rss(&agent, &format!("reconcile under {rate} writes/s"), f);
+    if refused > 0 {
+        println!("  the source refused {refused} of the offered puts: the rates above are what it accepted");
+    }
+    Ok(LoadedFigures { rate, keys, sync, backlog, lags: after.lags, refused, reconcile })
+}
+
+/// The `buffered = N` of the agent's "scan done" log line: the revisions replayed at scan end.
+fn replay_backlog(log: &str) -> Option<u64> {
+    let line = log.lines().rev().find(|l| l.contains("scan done"))?;
+    let rest = &line[line.find("buffered")? + "buffered".len()..];
+    let digits: String = rest
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// An open-loop writer that runs until stopped: see [`open_loop`].
+struct Background {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<Sent>>,
+}
+
+impl Background {
+    fn start(src: &Client, prefix: &str, rate: u32) -> Background {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(open_loop(src.clone(), prefix.to_owned(), rate, usize::MAX, stop.clone()));
+        Background { stop, task }
+    }
+
+    /// Stops sending, waits for the puts in flight, and says how many the source refused.
+    async fn stop(self) -> anyhow::Result<usize> {
+        self.stop.cancel();
+        Ok(self.task.await??.refused)
+    }
 }
 
 /// Prints and records the agent's peak RSS over the case that just ended, and starts the next
@@ -229,6 +339,10 @@ async fn leased_sync(plan: &BenchPlan) -> anyhow::Result<()> {
         wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
         let rate = plan.keys as f64 / started.elapsed().as_secs_f64();
         rates.push(rate);
+        // Preserved means held: the target has every lease (stripped: none).
+        let held = dst.leases().await?.leases().len();
+        let want = if mode == "preserve" { plan.leases } else { 0 };
+        anyhow::ensure!(held == want, "leases {mode}: the target holds {held} leases, not {want}");
         println!(
             "agent initial sync, {} keys under {n} leases, leases {mode:<8}: {rate:>10.0} keys/s = {:.2} x strip",
             plan.keys,
@@ -353,13 +467,43 @@ async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: 
         }
         seen
     });
-    // Open loop: each put is sent at its due time on a task of its own, whether or not earlier
-    // ones returned, so a slow system cannot lower the offered rate.
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    let Sent { acked, refused: rejected } =
+        open_loop(src.clone(), prefix.to_owned(), rate, total, tokio_util::sync::CancellationToken::new())
+            .await?;
+    let seen = seen.await?;
+    let mut lags: Vec<Duration> =
+        acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
+    lags.sort();
+    Ok(Lags { lags, rejected })
+}
+
+/// What an [`open_loop`] writer sent.
+struct Sent {
+    /// When each acknowledged put was acknowledged, by key.
+    acked: HashMap<Vec<u8>, Instant>,
+    /// Puts the source refused.
+    refused: usize,
+}
+
+/// Puts `{prefix}{i:08}` for i = 0, 1, ... at `rate`/s until `total` were sent or `stop` is
+/// cancelled, then waits for those in flight. Open loop: each put is sent at its due time on a
+/// task of its own, whether or not earlier ones returned, so a slow system cannot lower the
+/// offered rate.
+async fn open_loop(
+    src: Client,
+    prefix: String,
+    rate: u32,
+    total: usize,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Sent> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut puts = tokio::task::JoinSet::new();
     for i in 0..total {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => break,
+        }
         let key = format!("{prefix}{i:08}").into_bytes();
         let mut c = src.clone();
         puts.spawn(async move {
@@ -367,20 +511,15 @@ async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: 
             anyhow::Ok((key, Instant::now()))
         });
     }
-    let mut acked: HashMap<Vec<u8>, Instant> = HashMap::new();
-    let mut rejected = 0usize;
+    let mut sent = Sent { acked: HashMap::new(), refused: 0 };
     while let Some(done) = puts.join_next().await {
         // An overloaded source refuses puts ("too many requests"): count them, lag the rest.
         match done? {
-            Ok((key, at)) => drop(acked.insert(key, at)),
-            Err(_) => rejected += 1,
+            Ok((key, at)) => drop(sent.acked.insert(key, at)),
+            Err(_) => sent.refused += 1,
         }
     }
-    let seen = seen.await?;
-    let mut lags: Vec<Duration> =
-        acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
-    lags.sort();
-    Ok(Lags { lags, rejected })
+    Ok(sent)
 }
 
 impl Lags {
@@ -417,5 +556,15 @@ mod tests {
         assert_eq!(quantile(&lags, 0.99), Duration::from_millis(100));
         assert_eq!(quantile(&lags, 1.0), Duration::from_millis(100));
         assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
+
+    /// The replay backlog is read from the last "scan done" line, text or JSON logs.
+    #[test]
+    fn replay_backlog_reads_the_scan_done_line() {
+        let text = "INFO scan done; replaying to scan_end r0=5 scan_end=90 buffered=37\nINFO syncing";
+        assert_eq!(replay_backlog(text), Some(37));
+        let json = r#"{"fields":{"message":"scan done; replaying to scan_end","buffered":1204}}"#;
+        assert_eq!(replay_backlog(json), Some(1204));
+        assert_eq!(replay_backlog("INFO syncing"), None);
     }
 }

@@ -29,6 +29,8 @@ mod backoff;
 mod condition;
 mod config;
 mod connect;
+#[cfg(test)]
+mod docs_tests;
 mod error;
 mod keys;
 mod op;

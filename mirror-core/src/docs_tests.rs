@@ -1,0 +1,164 @@
+//! `docs/configuration.md` and `deploy/mirror.example.toml` against the config and status
+//! types: every field is listed, nothing is listed that does not exist, and every default is
+//! the one the code fills in. A field added, renamed or given another default fails here until
+//! the reference says so.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::condition::ConditionType;
+use crate::config::Config;
+use crate::error::ErrorClass;
+use crate::status::{CutoverStatus, ExcludedKeys, HaStatus, LastError, LastReconcile, Status};
+use crate::testing::MINIMAL_CONFIG;
+use crate::tls::CertExpiry;
+
+const REFERENCE: &str = include_str!("../../docs/configuration.md");
+const EXAMPLE: &str = include_str!("../../deploy/mirror.example.toml");
+
+/// The text of the reference between the `## ` heading starting with `from` and the next `## `.
+fn section(from: &str) -> &'static str {
+    let start = REFERENCE.find(&format!("\n## {from}")).unwrap_or_else(|| panic!("no section {from}"));
+    let rest = &REFERENCE[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
+    &rest[..end]
+}
+
+/// The table rows of a section whose first cell names fields: (names in that cell, cells).
+fn rows(text: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    text.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<String> = l.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect();
+            let names = cells[0].split('`').skip(1).step_by(2).map(str::to_owned).collect();
+            (names, cells)
+        })
+        .collect()
+}
+
+/// Dotted paths of the leaves of a TOML value, with each leaf as TOML writes it.
+fn toml_leaves(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                toml_leaves(&path, v, out);
+            }
+        }
+        leaf => drop(out.insert(prefix.to_owned(), leaf.to_string())),
+    }
+}
+
+/// Dotted paths of the leaves of a JSON value; arrays, empty objects and nulls are leaves.
+fn json_leaves(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(o) if !o.is_empty() => {
+            for (k, v) in o {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                json_leaves(&path, v, out);
+            }
+        }
+        _ => drop(out.insert(prefix.to_owned())),
+    }
+}
+
+fn config_leaves(text: &str) -> BTreeMap<String, String> {
+    let config = Config::from_toml_str(text).expect("parses");
+    let mut out = BTreeMap::new();
+    toml_leaves("", &toml::Value::try_from(&config).expect("serializes"), &mut out);
+    out
+}
+
+/// The minimal config with every optional table present, a password included: every field.
+fn every_config_field() -> BTreeSet<String> {
+    let side = |s: &str| {
+        format!(
+            "[{s}.tls]\nca_file = \"a\"\ncert_file = \"b\"\nkey_file = \"c\"\n\
+             [{s}.auth]\nusername = \"u\"\npassword_file = \"p\"\npassword_env = \"E\"\npassword = \"x\"\n"
+        )
+    };
+    config_leaves(&format!("{MINIMAL_CONFIG}{}{}", side("source"), side("target"))).into_keys().collect()
+}
+
+#[test]
+fn every_config_field_is_listed_with_its_default() {
+    // The smallest file that parses, with the optional tables present: every field at its
+    // default, the required ones empty.
+    let bare = "[source]\n[source.tls]\n[source.auth]\n[target]\n[target.tls]\n[target.auth]\n";
+    let defaults = config_leaves(bare);
+    let required = Config::from_toml_str(bare).unwrap().validate().unwrap_err().to_string();
+    let mut listed = BTreeSet::new();
+    for (names, cells) in rows(section("Config file")) {
+        let documented = cells[1].trim_matches('`');
+        for name in names {
+            match documented {
+                "required" => {
+                    assert!(required.contains(&name), "{name} is listed as required but validates empty")
+                }
+                "none" => {
+                    assert!(!defaults.contains_key(&name), "{name} is listed without a default but has one")
+                }
+                _ => assert_eq!(
+                    defaults.get(&name).map(String::as_str),
+                    Some(documented),
+                    "default of {name} in docs/configuration.md"
+                ),
+            }
+            assert!(listed.insert(name.clone()), "{name} is listed twice");
+        }
+    }
+    let fields = every_config_field();
+    let missing: Vec<_> = fields.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&fields).collect();
+    assert!(missing.is_empty(), "config fields missing from docs/configuration.md: {missing:?}");
+    assert!(unknown.is_empty(), "docs/configuration.md lists fields the config does not have: {unknown:?}");
+}
+
+#[test]
+fn every_status_field_and_condition_is_listed() {
+    let expiry = vec![CertExpiry { kind: "ca".into(), not_after: 0 }];
+    let mut status = Status {
+        source_keys: Some(0),
+        target_keys: Some(0),
+        last_reconcile: Some(LastReconcile::default()),
+        excluded_keys_in_target: vec![ExcludedKeys::default()],
+        cutover: Some(CutoverStatus::default()),
+        last_error: Some(LastError {
+            class: ErrorClass::Transient,
+            reason: String::new(),
+            message: String::new(),
+        }),
+        ha: Some(HaStatus::default()),
+        ..Status::default()
+    };
+    status.source.tls_cert_expiry = expiry.clone();
+    status.target.tls_cert_expiry = expiry;
+    let mut fields = BTreeSet::new();
+    json_leaves("", &serde_json::to_value(&status).unwrap(), &mut fields);
+    let listed: BTreeSet<String> =
+        rows(section("`/statusz`")).into_iter().flat_map(|(names, _)| names).collect();
+    let missing: Vec<_> = fields.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&fields).collect();
+    assert!(missing.is_empty(), "/statusz fields missing from docs/configuration.md: {missing:?}");
+    assert!(unknown.is_empty(), "docs/configuration.md lists /statusz fields that do not exist: {unknown:?}");
+
+    let conditions: BTreeSet<String> = ConditionType::ALL.iter().map(|c| c.as_str().to_owned()).collect();
+    let listed: BTreeSet<String> =
+        rows(section("Conditions")).into_iter().flat_map(|(names, _)| names).collect();
+    assert_eq!(listed, conditions, "conditions in docs/configuration.md");
+}
+
+/// The example sets every field but the refused `password`, and is a valid config.
+#[test]
+fn the_example_config_sets_every_field_and_validates() {
+    let config = Config::from_toml_str(EXAMPLE).expect("deploy/mirror.example.toml parses");
+    config.validate().expect("deploy/mirror.example.toml validates");
+    let set: BTreeSet<String> = config_leaves(EXAMPLE).into_keys().collect();
+    let expected: BTreeSet<String> = every_config_field()
+        .into_iter()
+        .filter(|f| {
+            !f.ends_with(".password") && !f.ends_with(".password_env") && !f.ends_with(".password_file")
+        })
+        .collect();
+    let unset: Vec<_> = expected.difference(&set).collect();
+    assert!(unset.is_empty(), "deploy/mirror.example.toml leaves out {unset:?}");
+}

@@ -39,13 +39,11 @@ async fn metric_families_are_stable_and_deploy_files_match() {
     let status = scenario::caught_up(&agent, &mut src).await.unwrap();
 
     let text = scrape(&agent).await;
-    let families: Vec<String> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .map(str::to_owned)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let types = |text: &str| -> BTreeSet<String> {
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(str::to_owned).collect()
+    };
+    let families: Vec<String> = types(&text).into_iter().collect();
+    // Without [ha]: no ha_leader (EtcdMirrorNoHALeader would page every such deployment).
     insta::assert_snapshot!("metric_families", families.join("\n"));
 
     // Values agree with /statusz.
@@ -53,8 +51,23 @@ async fn metric_families_are_stable_and_deploy_files_match() {
     assert!(text.contains("etcd_mirror_phase{phase=\"syncing\"} 1"), "{text}");
     assert!(text.contains("etcd_mirror_apply_latency_seconds_count"), "{text}");
 
+    // With [ha]: the same families and ha_leader, 1 on the leader.
+    let mut agent = agent;
+    agent.terminate().await.unwrap();
+    let ha = cfg.clone().overlay("[ha]\nenabled = true\nlease_ttl = \"2s\"");
+    let agent = AgentProcess::start(&ha).await.unwrap();
+    agent
+        .wait_for("leading", scenario::SYNC_TIMEOUT, |s| s.ha.as_ref().is_some_and(|h| h.leader))
+        .await
+        .unwrap();
+    let ha_text = scrape(&agent).await;
+    let with_ha: Vec<String> = types(&ha_text).into_iter().collect();
+    let only_with_ha: Vec<&String> = with_ha.iter().filter(|f| !families.contains(f)).collect();
+    assert_eq!(only_with_ha, [&"etcd_mirror_ha_leader gauge".to_owned()], "{ha_text}");
+    assert!(ha_text.contains("etcd_mirror_ha_leader 1"), "{ha_text}");
+
     let mut valid = BTreeSet::new();
-    for f in &families {
+    for f in &with_ha {
         let name = f.split_whitespace().next().unwrap();
         for suffix in ["", "_total", "_bucket", "_sum", "_count", "_created"] {
             valid.insert(format!("{name}{suffix}"));

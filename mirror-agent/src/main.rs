@@ -35,7 +35,7 @@ use std::sync::{Arc, RwLock};
 use clap::{Parser, Subcommand, ValueEnum};
 use mirror_core::{Config, ConfigError, Status};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Exit code of a config error, so scripts can tell "fix the file" from "the engine failed".
 const EXIT_CONFIG: u8 = 2;
@@ -218,6 +218,11 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
                 .with_reload(reload_rx)
                 .run(),
         );
+        // What the file said at start, apart from any --listen override.
+        let mut file_listen = match Config::load(file) {
+            Ok(c) => c.http.listen,
+            Err(_) => config.http.listen.clone(),
+        };
         let mut current = config;
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -227,7 +232,7 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(file, &mut current, &reload_tx),
+                _ = hup.recv() => reload(file, &mut current, &mut file_listen, &reload_tx),
             }
         }
         info!("stopping");
@@ -239,7 +244,15 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
 }
 
 /// SIGHUP: re-read the file; apply fields that can change live, refuse the rest whole.
-fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch::Sender<Config>) {
+///
+/// `http.listen` is restart-only: the listener is bound once. A reload that changes it in the
+/// file says so and applies the rest; the running address (or the `--listen` override) stays.
+fn reload(
+    file: &std::path::Path,
+    current: &mut Config,
+    file_listen: &mut String,
+    tx: &tokio::sync::watch::Sender<Config>,
+) {
     let mut new = match Config::load(file) {
         Ok(c) => c,
         Err(e) => {
@@ -247,8 +260,7 @@ fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch:
             return;
         }
     };
-    // The HTTP listener is bound once; keep the running address (and any --listen override).
-    new.http.listen = current.http.listen.clone();
+    let configured_listen = std::mem::replace(&mut new.http.listen, current.http.listen.clone());
     let immutable: [(&str, bool); 8] = [
         ("link_uid", new.link_uid != current.link_uid),
         ("source.prefix", new.source.prefix != current.source.prefix),
@@ -268,6 +280,15 @@ fn reload(file: &std::path::Path, current: &mut Config, tx: &tokio::sync::watch:
             "reload refused, config unchanged: these fields cannot change while running (they define the link); restart with a new link instead"
         );
         return;
+    }
+    if configured_listen != *file_listen {
+        warn!(
+            field = "http.listen",
+            running = %current.http.listen,
+            configured = %configured_listen,
+            "http.listen applies only at restart: still serving on the running address; the rest of the reload applies"
+        );
+        *file_listen = configured_listen;
     }
     info!("reloading config");
     *current = new.clone();

@@ -194,12 +194,15 @@ impl Collector for StatusCollector {
             flag(ConditionType::TargetQuotaExhausted),
         )?;
         gauge(&mut e, "fenced", "1 while another writer holds the fence", flag(ConditionType::Fenced))?;
-        gauge(
-            &mut e,
-            "ha_leader",
-            "1 while this agent leads the HA election (0 on a standby; absent with ha off)",
-            i64::from(s.ha.as_ref().is_some_and(|h| h.leader)),
-        )?;
+        // Absent with ha off, as its help says: EtcdMirrorNoHALeader must not fire there.
+        if let Some(ha) = &s.ha {
+            gauge(
+                &mut e,
+                "ha_leader",
+                "1 while this agent leads the HA election (0 on a standby; absent with ha off)",
+                i64::from(ha.leader),
+            )?;
+        }
         gauge(
             &mut e,
             "cutover_ready",

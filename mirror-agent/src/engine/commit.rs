@@ -56,6 +56,9 @@ impl Run<'_> {
                     self.engine.reporter.txn_landed(ops.len(), started.elapsed());
                     // Status follows the fence: what the target holds is what status shows.
                     self.engine.update(|s| {
+                        // A write landed: whatever failed before (this write's earlier tries
+                        // included) is no longer the last error.
+                        s.last_error = None;
                         s.watermark = next.watermark;
                         if !next.confirmed_time.is_empty() {
                             s.confirmed_time = Some(next.confirmed_time.clone());

@@ -40,7 +40,7 @@ impl Step for Sleep {
     }
 }
 
-/// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"`, `"equal"`,
+/// Waits until `"phase:P"`, `"condition:TYPE=True|False"`, `"last_error:REASON"` (or `none`, `any`), `"equal"`,
 /// `"caught_up"` or `"background"`.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -152,8 +152,13 @@ impl World<'_> {
             }
             Until::LastError(want) => {
                 let s = self.status(id).await?;
-                let got = s.last_error.as_ref().map(|e| e.reason.as_str());
-                Ok((got != Some(want.as_str())).then(|| match &s.last_error {
+                // `none`: no last error; `any`: some last error; else its reason.
+                let got = s.last_error.as_ref().map_or("none", |e| e.reason.as_str());
+                let holds = match want.as_str() {
+                    "any" => s.last_error.is_some(),
+                    want => got == want,
+                };
+                Ok((!holds).then(|| match &s.last_error {
                     Some(e) => format!("last_error is {} ({})", e.reason, e.message),
                     None => "no last_error".to_owned(),
                 }))

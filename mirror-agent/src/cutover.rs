@@ -16,12 +16,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 
-/// Verification failed, or another writer holds the fence.
+/// Not promoted: verification failed, another writer holds the fence, or a permanent error
+/// (the reason is printed).
 const EXIT_FAILED: u8 = 1;
 /// Could not start (no checkpoint, unreachable target).
 const EXIT_ERROR: u8 = 3;
 /// Verified, but the source kept changing after the drain target (writers were not stopped).
 const EXIT_SOURCE_MOVED: u8 = 4;
+/// Verified and promoted, but the source could not be read afterwards to check for later writes:
+/// the target *is* primary now (unlike 3, where nothing happened).
+const EXIT_PROMOTED_UNCHECKED: u8 = 5;
 
 /// With `ha.enabled`, holds the link's cutover key until released (the HA replicas stand by).
 async fn hold_cutover_key(config: &Config) -> anyhow::Result<Option<mirror_fence::election::CutoverHold>> {
@@ -133,9 +137,10 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
         }
         Err(e) => {
             eprintln!(
-                "mirror-agent cutover: verified, but could not check the source for later writes: {e:#}"
+                "mirror-agent cutover: verified and promoted (the target is primary), but could not check \
+                 the source for writes after the drained revision: {e:#}"
             );
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(EXIT_PROMOTED_UNCHECKED)
         }
     }
 }

@@ -1,0 +1,94 @@
+//! The exit codes of every command, provoked (docs/operations.md, "Exit codes"). Codes 0, the
+//! refused failover and cutover's 4 are provoked where those commands are tested (cutover.rs,
+//! the failover and failback scenarios); this file takes the rest.
+
+use harness::scenario;
+use harness::{AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
+
+/// Runs `mirror-agent ARGS`; its exit code and everything it printed.
+async fn exit_of(args: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::new(harness::agent_binary()).args(args).output().await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// An invalid config file is exit 2 from every command that reads one, and the message names
+/// the field; `status` of an address nobody serves is 1.
+#[tokio::test]
+async fn a_bad_config_exits_2_from_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(&dir, "bad.toml", "link_uid = \"\"\n[source]\n[target]\n");
+    let out = dir.path().join("plan.jsonl").display().to_string();
+    let commands: [&[&str]; 6] = [
+        &["check-config", &bad],
+        &["run", "--config", &bad],
+        &["verify", "--config", &bad],
+        &["cutover", "--config", &bad, "--wait"],
+        &["failover", "--config", &bad],
+        &["failback-plan", "--config", &bad, "--promoted-watermark", "5", "--out", &out],
+    ];
+    for args in commands {
+        let (code, text) = exit_of(args).await;
+        assert_eq!(code, 2, "{args:?}: {text}");
+        assert!(text.contains("link_uid"), "{args:?} names the field: {text}");
+    }
+    let (code, text) = exit_of(&["status", "--url", "http://127.0.0.1:9"]).await;
+    assert_eq!(code, 1, "status of nobody: {text}");
+}
+
+/// Against real clusters: 3 when a command cannot start (no checkpoint, a side unreachable),
+/// 1 when it ran and says no (sides differ, a refused plan, a cutover that ended in `failed`).
+#[tokio::test]
+async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let quick = "[sync]\ndial_timeout = \"1s\"\nrequest_timeout = \"2s\"";
+    let cfg = scenario::fast_config(&source, &target, "codes", "/codes/").overlay(quick);
+    let file = write(&dir, "codes.toml", &cfg.render());
+    let plan = dir.path().join("plan.jsonl").display().to_string();
+
+    // Nothing mirrored yet: no checkpoint to cut over or fail over.
+    let (code, text) = exit_of(&["cutover", "--config", &file, "--wait"]).await;
+    assert_eq!(code, 3, "cutover without a checkpoint: {text}");
+    let (code, text) = exit_of(&["failover", "--config", &file, "--force"]).await;
+    assert_eq!(code, 3, "failover without a checkpoint: {text}");
+
+    // A key only the source has: verify says the sides differ.
+    let put = source.client().await.unwrap().put("/codes/only-in-source", "v", None).await.unwrap();
+    let at = put.header().unwrap().revision().to_string();
+    let (code, text) = exit_of(&["verify", "--config", &file, "--revision", &at]).await;
+    assert_eq!(code, 1, "verify of differing sides: {text}");
+    let (code, text) =
+        exit_of(&["failback-plan", "--config", &file, "--promoted-watermark", "0", "--out", &plan]).await;
+    assert_eq!(code, 1, "failback-plan of revision 0: {text}");
+
+    // A target nobody serves.
+    let nowhere = AgentConfig::new("codes", source.endpoints(), vec!["http://127.0.0.1:9".into()], "/codes/")
+        .with(scenario::FAST_SYNC_TOML)
+        .overlay(quick);
+    let nowhere = write(&dir, "nowhere.toml", &nowhere.render());
+    let (code, text) = exit_of(&["verify", "--config", &nowhere]).await;
+    assert_eq!(code, 3, "verify with the target unreachable: {text}");
+    let (code, text) = exit_of(&["cutover", "--config", &nowhere, "--wait"]).await;
+    assert_eq!(code, 3, "cutover with the target unreachable: {text}");
+
+    // Link `codes` mirrors; a cutover run with another link's config finds that link's
+    // checkpoint where it would write: PrefixConflict, phase failed, exit 1, nothing promoted.
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    agent.terminate().await.unwrap();
+    let other = scenario::fast_config(&source, &target, "other-link", "/codes/").overlay(quick);
+    let other = write(&dir, "other.toml", &other.render());
+    let (code, text) = exit_of(&["cutover", "--config", &other, "--wait"]).await;
+    assert_eq!(code, 1, "cutover meeting another link's checkpoint: {text}");
+    assert!(text.contains("PrefixConflict"), "{text}");
+    let (code, text) = exit_of(&["verify", "--config", &file]).await;
+    assert_eq!(code, 0, "the link's own target is untouched and equal: {text}");
+}

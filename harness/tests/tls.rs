@@ -140,9 +140,23 @@ async fn insecure_skip_verify_mirrors_without_a_ca() {
         dst_pki.path(pki::CLIENT_CERT),
         dst_pki.path(pki::CLIENT_KEY)
     ));
-    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
     scenario::synced(&agent).await.unwrap();
     assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 50, .. }));
+    // Said once, at start, for the side that skips (issue #25, upstream #116); a reload that
+    // keeps it on does not say it again.
+    agent.reload(cfg.clone()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !agent.log().contains("config reloaded") {
+        assert!(tokio::time::Instant::now() < deadline, "no reload:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = agent.log();
+    assert_eq!(log.matches("insecure_skip_verify is on").count(), 1, "{log}");
+    assert!(
+        log.contains("target.tls.insecure_skip_verify is on") && !log.contains("source.tls.insecure"),
+        "{log}"
+    );
 }
 
 /// Waits until the agent reports `want` as the target's client certificate expiry.

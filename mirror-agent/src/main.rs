@@ -206,6 +206,7 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
             }
         };
         info!(link = %config.link_uid, epoch = config.epoch, listen = %config.http.listen, "mirror-agent starting");
+        warn_insecure(&config, None);
         let status = Arc::new(RwLock::new(Status::default()));
         let shutdown = CancellationToken::new();
         let (registry, metrics) = metrics::registry(status.clone());
@@ -291,8 +292,27 @@ fn reload(
         *file_listen = configured_listen;
     }
     info!("reloading config");
+    warn_insecure(&new, Some(current));
     *current = new.clone();
     tx.send_replace(new);
+}
+
+/// Warns once per side that skips verifying its server certificate: at start, and at a reload
+/// that turns it on (not at every reconnect).
+fn warn_insecure(config: &Config, before: Option<&Config>) {
+    let skips = |c: &Config, side: mirror_core::Side| {
+        let s = if side == mirror_core::Side::Source { &c.source } else { &c.target };
+        s.tls.as_ref().is_some_and(|t| t.insecure_skip_verify)
+    };
+    for side in [mirror_core::Side::Source, mirror_core::Side::Target] {
+        if skips(config, side) && !before.is_some_and(|b| skips(b, side)) {
+            warn!(
+                %side,
+                "{side}.tls.insecure_skip_verify is on: the {side}'s certificate is not verified, so anyone on \
+                 the network path can read and change what is mirrored; use ca_file instead"
+            );
+        }
+    }
 }
 
 fn status(url: &str, json: bool, watch: bool) -> ExitCode {

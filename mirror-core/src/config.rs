@@ -373,7 +373,29 @@ impl Config {
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         let config = Config::from_toml_str(&text)?;
         config.validate()?;
+        config.check_password_files()?;
         Ok(config)
+    }
+
+    /// A password file that is there but empty (or unreadable) is a config error, found when the file is
+    /// loaded rather than at the first connect (a file not there yet is left to the connect,
+    /// which names it: the Secret may be mounted later than the config is checked).
+    fn check_password_files(&self) -> Result<(), ConfigError> {
+        let mut empty = Vec::new();
+        for (name, side) in [("source", &self.source), ("target", &self.target)] {
+            let Some(auth) = &side.auth else { continue };
+            if !auth.password_file.as_ref().is_some_and(|p| p.exists()) {
+                continue;
+            }
+            if let Err(why) = crate::connect::read_password(auth) {
+                empty.push(Violation { field: format!("{name}.auth.password_file"), rule: why });
+            }
+        }
+        if empty.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(empty))
+        }
     }
 
     /// Checks every rule of SPEC §4 and returns all violations, sorted by field.

@@ -254,3 +254,34 @@ fn redacted_toml_hides_secrets() {
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains("<redacted>"), "{shown}");
 }
+
+/// An empty password file is a config error naming the field, found when the config is loaded
+/// (issue #25, upstream #86); one with a password (and its trailing newline) loads; a file not
+/// there yet is left to the connect.
+#[test]
+fn an_empty_password_file_is_a_config_error() {
+    let dir = std::env::temp_dir().join(format!("mirror-core-password-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let password = dir.join("password");
+    let config = dir.join("mirror.toml");
+    std::fs::write(
+        &config,
+        format!("{BASE}[source.auth]\nusername = \"u\"\npassword_file = {:?}\n", password.display()),
+    )
+    .unwrap();
+
+    std::fs::write(&password, "\n").unwrap();
+    let err = Config::load(&config).unwrap_err().to_string();
+    assert!(err.contains("source.auth.password_file") && err.contains("is empty"), "{err}");
+
+    std::fs::write(&password, "secret\n").unwrap();
+    Config::load(&config).unwrap();
+    assert_eq!(
+        crate::read_password(Config::load(&config).unwrap().source.auth.as_ref().unwrap()).unwrap(),
+        "secret"
+    );
+
+    std::fs::remove_file(&password).unwrap();
+    Config::load(&config).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

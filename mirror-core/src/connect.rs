@@ -162,18 +162,24 @@ fn endpoint(
 }
 
 /// The password of `auth`, from its file (one trailing newline dropped) or environment variable.
+/// An empty one is an error: it is a Secret that was never filled in, not a password.
 pub fn read_password(auth: &crate::config::Auth) -> Result<String, String> {
     if let Some(path) = &auth.password_file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read password_file {}: {e}", path.display()))?;
-        return Ok(text
-            .strip_suffix('\n')
-            .map(|t| t.strip_suffix('\r').unwrap_or(t))
-            .unwrap_or(&text)
-            .to_owned());
+        let password =
+            text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_owned();
+        if password.is_empty() {
+            return Err(format!("password_file {} is empty", path.display()));
+        }
+        return Ok(password);
     }
     if let Some(var) = &auth.password_env {
-        return std::env::var(var).map_err(|_| format!("password_env {var} is not set"));
+        let password = std::env::var(var).map_err(|_| format!("password_env {var} is not set"))?;
+        if password.is_empty() {
+            return Err(format!("password_env {var} is empty"));
+        }
+        return Ok(password);
     }
     Err("needs password_file or password_env".into())
 }

@@ -7,7 +7,7 @@
 //! - [`RetryPolicy::on_error`] maps (error class, attempts so far) to one [`Action`]:
 //!   transient errors follow `sync.backoff`; throttling has its own, steeper curve
 //!   (`TargetThrottled`: the target asked us to slow down, so the first wait is already twice
-//!   the transient one and grows threefold); a full target is probed at a fixed
+//!   the transient one, capped at `backoff.max`, and grows threefold); a full target is probed at a fixed
 //!   `min(backoff.max, 60s)`; a fresh genesis (forced resync or genesis restart) starts at once
 //!   the first time and then backs off like a transient error, so a resync loop never spins;
 //!   permanent errors stop.
@@ -84,7 +84,9 @@ impl RetryPolicy {
         let (initial, max) = (sync.backoff.initial.get(), sync.backoff.max.get());
         RetryPolicy {
             transient: ExponentialBackoff::new(initial, max, 2),
-            throttle: ExponentialBackoff::new(initial * 2, max, 3),
+            // Twice the transient start, but never above `max`: under tight bounds (initial =
+            // max) the first throttle wait is `max`, not twice it.
+            throttle: ExponentialBackoff::new((initial * 2).min(max), max, 3),
             resync: ExponentialBackoff::new(initial, max, 2),
             quota: max.min(Duration::from_secs(60)),
             rounds: 0,

@@ -55,6 +55,18 @@ async fn throttle_has_its_own_curve() {
     assert_eq!(p.rounds(), 5);
 }
 
+/// Under tight bounds the throttle curve never waits longer than `backoff.max`, its first wait
+/// included (upstream #39: initial = max = 1 s waited 2 s).
+#[test]
+fn the_first_throttle_wait_never_exceeds_the_max() {
+    let mut p = RetryPolicy::new(&sync(1, 1));
+    let throttled: Vec<Action> = (0..3).map(|_| p.on_error(ErrorClass::Throttle)).collect();
+    assert_eq!(throttled, vec![secs(1), secs(1), secs(1)]);
+    let mut p = RetryPolicy::new(&sync(1, 3));
+    let throttled: Vec<Action> = (0..3).map(|_| p.on_error(ErrorClass::Throttle)).collect();
+    assert_eq!(throttled, vec![secs(2), secs(3), secs(3)]);
+}
+
 /// A fresh genesis starts at once the first time and backs off after that, so a resync loop
 /// never spins (defect #4).
 #[tokio::test(start_paused = true)]

@@ -162,3 +162,48 @@ fn the_example_config_sets_every_field_and_validates() {
     let unset: Vec<_> = expected.difference(&set).collect();
     assert!(unset.is_empty(), "deploy/mirror.example.toml leaves out {unset:?}");
 }
+
+/// Every `FILE.rs::name` and `NAME.toml` that docs/upstream-coverage.md cites exists: a test
+/// renamed or removed fails here until the table says where its coverage went.
+#[test]
+fn the_upstream_coverage_table_cites_tests_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let table = std::fs::read_to_string(root.join("docs/upstream-coverage.md")).unwrap();
+    let mut sources: BTreeMap<String, String> = BTreeMap::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() && name != "target" && !name.starts_with('.') {
+                dirs.push(path);
+            } else if let Some(stem) = name.strip_suffix(".rs") {
+                sources
+                    .entry(stem.to_owned())
+                    .or_default()
+                    .push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for span in table.split('`').skip(1).step_by(2) {
+        if let Some((path, names)) = span.split_once(".rs::") {
+            // `engine/probe.rs::x`, `mirror-core tls.rs::x`: the file's own name.
+            let file = path.rsplit(['/', ' ']).next().unwrap_or(path);
+            let text = sources.get(file).map_or("", String::as_str);
+            let identifier = |n: &&str| {
+                !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            };
+            for name in names.trim_matches(['{', '}']).split(',').map(str::trim).filter(identifier) {
+                if !text.contains(&format!("fn {name}(")) && !text.contains(&format!("fn {name}<")) {
+                    missing.push(span.to_owned());
+                }
+            }
+        } else if let Some(scenario) = span.strip_suffix(".toml").filter(|s| !s.contains(['/', ' '])) {
+            if !root.join("harness/scenarios").join(format!("{scenario}.toml")).exists() {
+                missing.push(span.to_owned());
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/upstream-coverage.md cites what does not exist: {missing:?}");
+}

@@ -124,6 +124,9 @@ const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail probes every member of both sides in the background, so a member that
 /// went down or came back shows in `MemberUnreachable` without a reconnect.
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// How often it probes while a member does not answer, so `MemberUnreachable` clears within a
+/// few seconds of the member answering again.
+const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail looks at the preserved leases (`leases`): each is kept alive when due
 /// (every third of its TTL, at most `progress_interval` apart), so a second is the resolution.
 const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(1);

@@ -15,7 +15,8 @@ use super::buffering::watch_error;
 use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, Reply};
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
-    FENCE_CHECK_INTERVAL, LEASE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, TLS_CHECK_INTERVAL,
+    FENCE_CHECK_INTERVAL, LEASE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL,
+    TLS_CHECK_INTERVAL,
 };
 
 impl Run<'_> {
@@ -96,6 +97,11 @@ impl Run<'_> {
                     self.member_probe = None;
                     if let Ok((Ok(source), Ok(target))) = probed {
                         self.engine.update(|s| members_reachable(s, &source, &target));
+                        let down = !source.unreachable.is_empty() || !target.unreachable.is_empty();
+                        let every = if down { MEMBER_RECHECK_INTERVAL } else { MEMBER_CHECK_INTERVAL };
+                        if member_check.period() != every {
+                            member_check = tokio::time::interval_at(Instant::now() + every, every);
+                        }
                     }
                     continue;
                 }

@@ -191,6 +191,8 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         Ok(c) => c,
         Err(e) => return config_error(file, &e),
     };
+    // What the file says, apart from any --listen override: a reload compares against it.
+    let mut file_listen = config.http.listen.clone();
     if let Some(listen) = listen {
         config.http.listen = listen;
         if let Err(e) = config.validate() {
@@ -219,11 +221,6 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
                 .with_reload(reload_rx)
                 .run(),
         );
-        // What the file said at start, apart from any --listen override.
-        let mut file_listen = match Config::load(file) {
-            Ok(c) => c.http.listen,
-            Err(_) => config.http.listen.clone(),
-        };
         let mut current = config;
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");

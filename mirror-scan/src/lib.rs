@@ -19,6 +19,8 @@
 //!   half, so memory is bounded by about one page (G6) and values of any size up to the
 //!   response limit are read.
 //! - [`Scanner::resume_after`] continues strictly after a stored `scan_cursor`.
+//! - Up to [`SCAN_READ_AHEAD`] page reads are in flight at once, over disjoint windows, still
+//!   consumed in key order.
 //! - Each page asks for a bounded key window (`mirror_core::Stride`), so etcd's per-request count
 //!   walk stays near the page size: the scan is linear in the number of keys, not quadratic.
 //!
@@ -80,8 +82,12 @@ pub async fn count(
     Ok((total, header))
 }
 
+/// Gets the genesis scan keeps in flight ([`PagerOptions::read_ahead`]): the scan's page reads
+/// were one chain of round trips, each waiting for the last (issue #24).
+pub const SCAN_READ_AHEAD: usize = 3;
+
 /// Pages through the source windows in key order, unpinned, by keys and bytes
-/// ([`Pager`]).
+/// ([`Pager`]), with [`SCAN_READ_AHEAD`] Gets in flight.
 pub struct Scanner {
     pager: Pager,
 }
@@ -95,7 +101,8 @@ impl Scanner {
         page_bytes: usize,
         timeout: Duration,
     ) -> Scanner {
-        let opts = PagerOptions::new("scan page", page_key_limit, page_bytes, timeout);
+        let opts =
+            PagerOptions::new("scan page", page_key_limit, page_bytes, timeout).read_ahead(SCAN_READ_AHEAD);
         Scanner { pager: Pager::new(kv, Side::Source, rewriter.scan_windows(), opts) }
     }
 

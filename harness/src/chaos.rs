@@ -285,6 +285,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         sole_writer_after: None,
         target_has: Vec::new(),
         target_lacks: Vec::new(),
+        initial_sync_completed_older_than: None,
         min_scan_restarts: None,
         max_scan_restarts: None,
         max_peak_rss_mib: None,

@@ -42,6 +42,9 @@ fn record(watermark: i64) -> Checkpoint {
         commit: String::new(),
         range: String::new(),
         confirmed_time: String::new(),
+        forced_resyncs: 0,
+        scan_restarts: 0,
+        initial_sync_completed: String::new(),
     }
 }
 

@@ -24,9 +24,12 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
     s.seconds_since_progress = quiet.as_secs_f64();
     let confirmed = s.confirmed_time.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
     s.confirmed_age_seconds = since(confirmed).as_secs_f64();
-    let exceeded = s.lag_revisions > 0 && (lag > rule.max_lag || quiet > rule.max_lag);
+    // A paused link trails by design: its lag is reported, never judged.
+    let paused = s.phase == Phase::Paused;
+    let exceeded = !paused && s.lag_revisions > 0 && (lag > rule.max_lag || quiet > rule.max_lag);
     let was = s.condition(ConditionType::ReplicationLagExceeded);
-    if exceeded || was {
+    // A paused link says so here too: the lag is not judged (not "no lag").
+    if exceeded || was || paused {
         let message = format!(
             "watermark {} trails the source revision {} for {:.0}s; last progress {:.0}s ago (sync.max_lag {}s)",
             s.watermark,
@@ -35,7 +38,11 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
             quiet.as_secs_f64(),
             rule.max_lag.as_secs()
         );
-        let reason = if exceeded { "LagOverMax" } else { "CaughtUp" };
+        let reason = match (exceeded, paused) {
+            (true, _) => "LagOverMax",
+            (false, true) => "Paused",
+            (false, false) => "CaughtUp",
+        };
         s.set_condition(ConditionType::ReplicationLagExceeded, exceeded, reason, message);
     }
     if s.phase == Phase::Syncing {

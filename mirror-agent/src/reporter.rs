@@ -38,6 +38,11 @@ impl Reporter {
         self.freshness = freshness;
     }
 
+    /// Reads from the status.
+    pub fn read<T>(&self, f: impl FnOnce(&Status) -> T) -> T {
+        f(&self.status.read().expect("status lock"))
+    }
+
     /// Applies `f` to the status, then refreshes lag and freshness.
     pub fn update(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.write().expect("status lock");

@@ -25,6 +25,10 @@ pub struct Config {
     /// `sync` mirrors forever; `drain` stops at a verified cutover.
     #[serde(default)]
     pub mode: Mode,
+    /// Stop writing (no watch, nothing buffered) while HTTP keeps serving; a reload with
+    /// `false` resumes from the watermark. For maintenance windows on the target.
+    #[serde(default)]
+    pub paused: bool,
     /// The cluster read from.
     pub source: Side,
     /// The cluster written to.

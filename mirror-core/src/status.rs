@@ -27,11 +27,13 @@ pub enum Phase {
     Drained,
     /// A permanent error: writes nothing, keeps serving HTTP.
     Failed,
+    /// Paused by config (`paused = true`): no watch, no writes; HTTP keeps serving.
+    Paused,
 }
 
 impl Phase {
     /// Every phase, for one-hot metrics.
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Connecting,
         Phase::InitialSync,
         Phase::Syncing,
@@ -39,6 +41,7 @@ impl Phase {
         Phase::Standby,
         Phase::Drained,
         Phase::Failed,
+        Phase::Paused,
     ];
 
     /// The snake_case name used in JSON and metric labels.
@@ -51,6 +54,7 @@ impl Phase {
             Phase::Standby => "standby",
             Phase::Drained => "drained",
             Phase::Failed => "failed",
+            Phase::Paused => "paused",
         }
     }
 }

@@ -61,6 +61,15 @@ pub struct Checkpoint {
     /// revision. What a failover would lose is at most what the source took since. Empty when
     /// never confirmed (records written before it existed, or a sync that has not caught up).
     pub confirmed_time: String,
+    /// Forced resyncs of the link so far, kept so a restarted agent's status does not forget
+    /// them. 0 in records written before it existed.
+    pub forced_resyncs: u64,
+    /// Genesis restarts (watch buffer overflow, compaction mid-scan) of the link so far. 0 in
+    /// records written before it existed.
+    pub scan_restarts: u64,
+    /// When the last initial sync completed (RFC 3339, UTC). Empty while the first one runs,
+    /// and in records written before it existed.
+    pub initial_sync_completed: String,
 }
 
 /// Why a stored record was refused. Each variant names the field.
@@ -100,6 +109,9 @@ const FIELDS: &[&str] = &[
     "commit",
     "range",
     "confirmed_time",
+    "forced_resyncs",
+    "scan_restarts",
+    "initial_sync_completed",
 ];
 
 impl Checkpoint {
@@ -120,8 +132,19 @@ impl Checkpoint {
             "commit": self.commit,
             "range": self.range,
         });
+        // Fields added within v1 are written only when set, so a record that never needed
+        // them reads the same to an agent that predates them.
         if !self.confirmed_time.is_empty() {
             value["confirmed_time"] = self.confirmed_time.clone().into();
+        }
+        if self.forced_resyncs > 0 {
+            value["forced_resyncs"] = self.forced_resyncs.into();
+        }
+        if self.scan_restarts > 0 {
+            value["scan_restarts"] = self.scan_restarts.into();
+        }
+        if !self.initial_sync_completed.is_empty() {
+            value["initial_sync_completed"] = self.initial_sync_completed.clone().into();
         }
         serde_json::to_vec(&value).expect("a JSON value always serialises")
     }
@@ -177,6 +200,9 @@ impl Checkpoint {
             commit: r.optional_str("commit")?,
             range: r.optional_str("range")?,
             confirmed_time: r.optional_time("confirmed_time")?,
+            forced_resyncs: r.optional_u64("forced_resyncs")?,
+            scan_restarts: r.optional_u64("scan_restarts")?,
+            initial_sync_completed: r.optional_time("initial_sync_completed")?,
         })
     }
 }
@@ -198,6 +224,9 @@ pub(crate) fn test_record(link: &str, epoch: u64, role: Role) -> Checkpoint {
         commit: String::new(),
         range: String::new(),
         confirmed_time: String::new(),
+        forced_resyncs: 0,
+        scan_restarts: 0,
+        initial_sync_completed: String::new(),
     }
 }
 
@@ -229,6 +258,14 @@ impl Reader<'_> {
         match self.0.get(field) {
             None => Ok(String::new()),
             Some(_) => self.str(field),
+        }
+    }
+
+    /// A count added within v1: absent reads as 0.
+    fn optional_u64(&self, field: &'static str) -> Result<u64, DecodeError> {
+        match self.0.get(field) {
+            None => Ok(0),
+            Some(_) => self.u64(field),
         }
     }
 

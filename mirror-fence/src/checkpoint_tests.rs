@@ -19,6 +19,9 @@ fn sample() -> Checkpoint {
         commit: "0123456789abcdef-7".into(),
         range: "sha256:00ff".into(),
         confirmed_time: "2026-12-01T17:00:00Z".into(),
+        forced_resyncs: 2,
+        scan_restarts: 5,
+        initial_sync_completed: "2026-12-01T16:00:00Z".into(),
     }
 }
 
@@ -65,6 +68,13 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
                     commit: format!("{s:016x}-{t}"),
                     range: String::new(),
                     confirmed_time: if scanning { String::new() } else { "2026-12-01T17:00:00Z".into() },
+                    forced_resyncs: s % 4,
+                    scan_restarts: t % 3,
+                    initial_sync_completed: if scanning {
+                        String::new()
+                    } else {
+                        "2026-12-01T16:00:00Z".into()
+                    },
                 }
             },
         )
@@ -156,6 +166,36 @@ fn records_without_the_later_fields_decode() {
     obj.remove("range");
     let record = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!((record.commit.as_str(), record.range.as_str()), ("", ""));
+}
+
+/// A record without the counts (written before they existed) decodes with them at 0 and no
+/// completion time, and encodes without them again; a bad count or time is refused by name.
+#[test]
+fn the_counts_are_optional_and_checked() {
+    let mut v = sample_json();
+    let obj = v.as_object_mut().unwrap();
+    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed"] {
+        obj.remove(field);
+    }
+    let old = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+    assert_eq!(
+        old,
+        Checkpoint { forced_resyncs: 0, scan_restarts: 0, initial_sync_completed: String::new(), ..sample() }
+    );
+    let again: Value = serde_json::from_slice(&old.encode()).unwrap();
+    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed"] {
+        assert!(again.get(field).is_none(), "{field}: {again}");
+    }
+    for (field, bad) in [
+        ("forced_resyncs", json!(-1)),
+        ("scan_restarts", json!("3")),
+        ("initial_sync_completed", json!("yesterday")),
+    ] {
+        let mut v = sample_json();
+        v[field] = bad;
+        let err = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(matches!(err, DecodeError::Invalid { field: f, .. } if f == field), "{field}: {err}");
+    }
 }
 
 /// A record without `confirmed_time` (written before it existed, or never confirmed) decodes

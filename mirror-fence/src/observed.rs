@@ -10,6 +10,9 @@ use crate::FenceError;
 
 /// What the checkpoint key holds now.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// One per checkpoint read, held briefly: its size does not matter, and a boxed record would
+// make every match on it clumsier.
+#[allow(clippy::large_enum_variant)]
 pub enum Observed {
     /// No checkpoint: a new link.
     Absent,

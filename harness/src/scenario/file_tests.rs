@@ -171,6 +171,7 @@ fn steps_round_trip() {
             sole_writer_after: Some("b".into()),
             target_has: vec!["before-the-link".into()],
             target_lacks: vec!["deleted".into()],
+            initial_sync_completed_older_than: Some(HumanDuration::secs(3)),
             min_scan_restarts: Some(1),
             max_scan_restarts: Some(3),
             max_peak_rss_mib: Some(96),

@@ -52,6 +52,10 @@ impl Run<'_> {
         let last = batch.last_revision();
         let ops: Vec<Op> = batch.ops().cloned().collect();
         let mut next = self.writer().record().applied_to(last, *scan_end);
+        if self.writer().record().scanning && !next.scanning {
+            // This batch ends the initial sync: the record keeps when (status reads it back).
+            next.initial_sync_completed = now_rfc3339();
+        }
         if let Some(time) = self.confirmed_by(last, *scan_end) {
             next = next.confirmed_at(time);
         }

@@ -5,7 +5,9 @@ use mirror_core::{ErrorClass, Op, Phase};
 use mirror_scan::{ChunkCutter, ChunkedScan, Cycle, Scanner};
 use tracing::info;
 
-use super::{EngineError, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
+use super::{
+    EngineError, ReconnectCause, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT,
+};
 
 impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
@@ -74,6 +76,17 @@ impl Run<'_> {
             let chunk = tokio::select! {
                 chunk = chunks.next() => chunk,
                 _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
+                // Applied between chunks: a rate at once; a pause or new connection settings
+                // stop the scan, which resumes after its cursor.
+                _ = super::tail::reload_changed(&mut self.engine.reload) => {
+                    if self.engine.adopt_reload() {
+                        return Err(EngineError::Reconnect(ReconnectCause::ConnectionSettingsReloaded));
+                    }
+                    if self.engine.cfg.paused {
+                        return Err(EngineError::Paused);
+                    }
+                    continue;
+                }
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;

@@ -156,6 +156,9 @@ pub enum EngineError {
     /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
     #[error("reconnect: {0}")]
     Reconnect(ReconnectCause),
+    /// A reload set `paused = true`: drop the watch, stop writing, wait for the unpause.
+    #[error("paused by config")]
+    Paused,
     /// SIGTERM/SIGINT arrived inside a long phase (scan, sweep, reconcile pass, retry wait):
     /// stop now; a restart resumes from the checkpoint.
     #[error("shutting down")]
@@ -169,7 +172,7 @@ impl EngineError {
             EngineError::Fence(f) => f.class(),
             EngineError::Refused(_) => ErrorClass::Permanent,
             EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
-            EngineError::Reconnect(_) | EngineError::Shutdown => ErrorClass::Transient,
+            EngineError::Reconnect(_) | EngineError::Paused | EngineError::Shutdown => ErrorClass::Transient,
         }
     }
 
@@ -181,6 +184,7 @@ impl EngineError {
             EngineError::RestartGenesis(r) => r.as_str().to_owned(),
             EngineError::Resync(r) => r.as_str().to_owned(),
             EngineError::Reconnect(r) => r.as_str().to_owned(),
+            EngineError::Paused => "Paused".to_owned(),
             EngineError::Shutdown => "Shutdown".to_owned(),
         }
     }
@@ -294,6 +298,14 @@ impl Engine {
         self.reporter.update(f);
     }
 
+    /// The link's counts as status holds them: forced resyncs, genesis restarts, and when the
+    /// last initial sync completed (kept in the checkpoint record across restarts).
+    fn counts(&self) -> (u64, u64, String) {
+        self.reporter.read(|s| {
+            (s.forced_resyncs.count, s.scan_restarts, s.initial_sync.completed.clone().unwrap_or_default())
+        })
+    }
+
     /// Records progress of the current run (never lowers it).
     fn made_progress(&mut self, progress: Progress) {
         self.progress = self.progress.max(progress);
@@ -366,7 +378,10 @@ impl Run<'_> {
         mirror_watch::held_revision_bytes(self.engine.cfg.sync.watch_buffer_bytes.bytes())
     }
 
+    /// A fresh record at `watermark`, carrying the link's counts as status holds them (seeded
+    /// from the stored record at the start of every run: [`Run::remember_counts`]).
     fn template(&self, watermark: i64) -> Checkpoint {
+        let (forced_resyncs, scan_restarts, initial_sync_completed) = self.engine.counts();
         Checkpoint {
             link_uid: self.cfg().link_uid.clone(),
             epoch: self.cfg().epoch as u64,
@@ -381,6 +396,9 @@ impl Run<'_> {
             commit: String::new(),
             range: self.engine.rewriter.range_fingerprint(),
             confirmed_time: String::new(),
+            forced_resyncs,
+            scan_restarts,
+            initial_sync_completed,
         }
     }
 
@@ -423,6 +441,7 @@ fn phase_reason(phase: Phase) -> &'static str {
         Phase::Standby => "Standby",
         Phase::Drained => "Drained",
         Phase::Failed => "Failed",
+        Phase::Paused => "Paused",
     }
 }
 

@@ -118,6 +118,9 @@ mod tests {
             commit: String::new(),
             range: range.into(),
             confirmed_time: String::new(),
+            forced_resyncs: 0,
+            scan_restarts: 0,
+            initial_sync_completed: String::new(),
         }
     }
 

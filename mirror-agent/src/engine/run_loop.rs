@@ -41,6 +41,9 @@ impl Engine {
             if self.shutdown.is_cancelled() {
                 return LinkEnd::Stopped;
             }
+            if self.cfg.paused && !self.paused().await {
+                return LinkEnd::Stopped;
+            }
             let result = self.connect_and_run(pending).await;
             pending = Pending::Resume;
             // What the run achieved resets the waits (defect #1 of issue 10: they never reset).
@@ -51,6 +54,8 @@ impl Engine {
             }
             let err = match result {
                 Ok(()) | Err(EngineError::Shutdown) => return LinkEnd::Stopped,
+                // Not an error: the loop's top holds the link paused.
+                Err(EngineError::Paused) => continue,
                 Err(e) => e,
             };
             let decision = decide::on_run_error(&err);
@@ -131,6 +136,27 @@ impl Engine {
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+
+    /// Paused by config: no watch, no writes, HTTP serving, until a reload sets `paused =
+    /// false` (true: resume from the watermark, as after a restart, so a compaction past it
+    /// meanwhile is a forced resync and nothing else is) or shutdown (false).
+    async fn paused(&mut self) -> bool {
+        self.set_phase(Phase::Paused);
+        info!(
+            "paused by config: the watch is closed and nothing is written until a reload sets paused = false"
+        );
+        while self.cfg.paused {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return false,
+                _ = super::tail::reload_changed(&mut self.reload) => {
+                    // Settings that need a reconnect take effect at the resume's connect.
+                    let _ = self.adopt_reload();
+                }
+            }
+        }
+        info!("unpaused: resuming from the watermark");
+        true
     }
 
     /// Records a forced resync (history lost: fresh genesis with prune) or a genesis restart

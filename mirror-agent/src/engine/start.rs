@@ -39,6 +39,9 @@ impl Run<'_> {
             Observed::Present { record, .. } => Some(record.clone()),
             Observed::Absent => None,
         };
+        if let Some(record) = &stored {
+            self.remember_counts(record);
+        }
         let ours = self.engine.rewriter.range_fingerprint();
         let plan = plan_start(&StartFacts {
             stored: stored.as_ref(),
@@ -131,6 +134,22 @@ impl Run<'_> {
                 unreachable!("resume plans need a record")
             }
         }
+    }
+
+    /// Status takes the link's counts from a stored record where it knows less (a restarted
+    /// agent starts at 0); the records this run writes carry them on.
+    fn remember_counts(&self, record: &Checkpoint) {
+        self.engine.update(|s| {
+            s.forced_resyncs.count = s.forced_resyncs.count.max(record.forced_resyncs);
+            s.scan_restarts = s.scan_restarts.max(record.scan_restarts);
+            // While a scan runs the last completion is history, not this sync's.
+            if s.initial_sync.completed.is_none()
+                && !record.initial_sync_completed.is_empty()
+                && !record.scanning
+            {
+                s.initial_sync.completed = Some(record.initial_sync_completed.clone());
+            }
+        });
     }
 
     pub(super) async fn claim(&mut self, observed: Observed, next: Checkpoint) -> Result<(), EngineError> {

@@ -74,6 +74,9 @@ impl Run<'_> {
                     if self.engine.adopt_reload() {
                         return Err(EngineError::Reconnect(ReconnectCause::ConnectionSettingsReloaded));
                     }
+                    if self.cfg().paused {
+                        return Err(EngineError::Paused);
+                    }
                     let interval = self.cfg().reconcile.interval.get();
                     next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
                     continue;
@@ -352,14 +355,18 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         if let Some(end) = *scan_end {
             if watermark >= end && self.writer().record().scanning {
-                let next = self.writer().record().genesis_complete();
+                let mut next = self.writer().record().genesis_complete();
+                next.initial_sync_completed = now_rfc3339();
                 self.commit_with_retry(&[], next).await?;
             }
             if watermark >= end {
                 *scan_end = None;
                 info!(watermark, "initial sync complete");
+                let completed = Some(self.writer().record().initial_sync_completed.clone())
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(now_rfc3339);
                 self.engine.update(|s| {
-                    s.initial_sync.completed = Some(now_rfc3339());
+                    s.initial_sync.completed = Some(completed);
                     s.set_condition(ConditionType::InitialSyncComplete, true, "Complete", "");
                 });
                 self.engine.set_phase(Phase::Syncing);

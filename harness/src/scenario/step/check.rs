@@ -99,6 +99,10 @@ pub struct Expect {
     /// agent wrote it again (a fenced-out writer landed nothing after the takeover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sole_writer_after: Option<String>,
+    /// Extension: the agent's `initial_sync.completed` is at least this old (a restarted agent
+    /// reports when the sync completed, not when it restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_sync_completed_older_than: Option<HumanDuration>,
     /// Extension: the agent restarted its genesis (`scan_restarts`) at least this often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_scan_restarts: Option<u64>,
@@ -197,6 +201,16 @@ impl Step for Expect {
             println!("           agent peak RSS {} MiB (at most {most} MiB expected)", peak >> 20);
             anyhow::ensure!(peak > 0, "the agent reports no peak_rss_bytes (no /proc?)");
             anyhow::ensure!(peak <= most << 20, "agent peak RSS {} MiB > {most} MiB", peak >> 20);
+        }
+        if let Some(age) = self.initial_sync_completed_older_than {
+            let completed = world.status(agent).await?.initial_sync.completed;
+            let at = completed.as_deref().map(humantime::parse_rfc3339_weak).transpose()?;
+            let Some(at) = at else { bail!("the agent reports no initial_sync.completed") };
+            let old = std::time::SystemTime::now().duration_since(at).unwrap_or_default();
+            anyhow::ensure!(
+                old >= age.get(),
+                "initial_sync.completed {completed:?} is {old:?} old, expected at least {age}"
+            );
         }
         if self.min_scan_restarts.is_some() || self.max_scan_restarts.is_some() {
             let got = world.status(agent).await?.scan_restarts;

@@ -257,6 +257,7 @@ mod tests {
             class: mirror_core::ErrorClass::Permanent,
             reason: "EmptyTargetViolation".into(),
             message: "initial_sync.mode = require_empty but the target range holds 5 keys".into(),
+            fix: None,
         });
         insta::assert_snapshot!(render(&s, false));
     }

@@ -126,6 +126,7 @@ fn every_status_field_and_condition_is_listed() {
             class: ErrorClass::Transient,
             reason: String::new(),
             message: String::new(),
+            fix: Some(String::new()),
         }),
         ha: Some(HaStatus::default()),
         ..Status::default()

@@ -35,6 +35,7 @@ mod error;
 mod keys;
 mod op;
 mod pager;
+mod shell;
 mod side;
 mod status;
 mod stride;
@@ -57,6 +58,7 @@ pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
 pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
+pub use shell::{delete_commands, shell_quote};
 pub use status::{
     now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,
     LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status, StatusHandle,

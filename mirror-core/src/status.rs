@@ -183,6 +183,10 @@ pub struct LastError {
     pub reason: String,
     /// Human-readable, keys redacted.
     pub message: String,
+    /// The shell command that clears the way, where there is one (the `etcdctl` commands of an
+    /// `EmptyTargetViolation` or a `PrefixConflict`); also in `message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// The live status, shared by the engine (writer) and the HTTP server (readers).
@@ -368,6 +372,7 @@ mod tests {
             class: ErrorClass::Throttle,
             reason: "TooManyRequests".into(),
             message: String::new(),
+            fix: None,
         });
         let wire = serde_json::to_value(&s).unwrap();
         assert_eq!(wire["conditions"][0]["type"], "TargetReachable");

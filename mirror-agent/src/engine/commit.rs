@@ -98,6 +98,7 @@ impl Run<'_> {
                     class,
                     reason: format!("{:?}", err.fault),
                     message: format!("{err}; retrying the write in {delay:?}"),
+                    fix: None,
                 })
             });
             debug!(

@@ -176,6 +176,14 @@ impl EngineError {
         }
     }
 
+    /// The command that clears the way, for the refusals that have one.
+    fn fix(&self) -> Option<String> {
+        match self {
+            EngineError::Refused(r) => r.fix(),
+            _ => None,
+        }
+    }
+
     fn reason(&self) -> String {
         match self {
             EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),

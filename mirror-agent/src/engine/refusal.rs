@@ -8,11 +8,17 @@ use mirror_core::{ConditionType, Side};
 pub enum Refusal {
     /// `require_empty` and the destination range holds keys.
     #[error(
-        "initial_sync.mode = require_empty but the destination range holds {keys} keys; nothing was written"
+        "initial_sync.mode = require_empty but the destination range holds {keys} keys; nothing was written. \
+         To empty exactly that range (this deletes those keys on the target): {clear}. Or keep them and copy \
+         over them with initial_sync.mode = \"overwrite\"",
+        clear = clear.join(" && ")
     )]
     EmptyTarget {
         /// Keys found (reserved ones not counted).
         keys: u64,
+        /// The commands that delete exactly the destination range
+        /// ([`mirror_core::delete_commands`]).
+        clear: Vec<String>,
     },
     /// One source revision is over the target's request limit, even with its deletes coalesced.
     #[error(
@@ -53,13 +59,32 @@ pub enum Refusal {
     /// orphan delete is on.
     #[error(
         "link {other:?} keeps its checkpoint inside this link's destination range (at {at}); a prune or \
-         delete_orphans would delete its data, so nothing was deleted"
+         delete_orphans would delete its data, so nothing was deleted. Exclude its range from this link, or \
+         turn the prune off; if link {other:?} is retired for good, clear its reserved keys with: {clear}"
     )]
     NestedLink {
         /// Its `link_uid`.
         other: String,
-        /// Its reserved namespace, redacted.
+        /// Its reserved namespace.
         at: String,
+        /// The command that deletes its reserved namespace ([`mirror_core::delete_commands`]).
+        clear: String,
+    },
+    /// The checkpoint key holds another link's record: two links would write one range.
+    #[error(
+        "the checkpoint key {key} on the target belongs to link {other:?}, not {ours:?}: two links would write one \
+         destination range, so nothing was written. Give this link its own destination prefix; if link {other:?} \
+         is retired for good, delete its checkpoint with: {clear}"
+    )]
+    CheckpointTaken {
+        /// The `link_uid` in the stored record.
+        other: String,
+        /// Ours.
+        ours: String,
+        /// The checkpoint key, escaped for reading.
+        key: String,
+        /// The command that deletes it ([`mirror_core::delete_commands`]).
+        clear: String,
     },
     /// Source and target are one cluster and the ranges overlap.
     #[error("source and target are the same cluster and the ranges overlap")]
@@ -154,7 +179,7 @@ impl Refusal {
             Refusal::EmptyTarget { .. } => "EmptyTargetViolation",
             Refusal::RevisionTooLarge { .. } => "RevisionTooLarge",
             Refusal::ValueTooLarge { .. } => "ValueTooLarge",
-            Refusal::NestedLink { .. } => "PrefixConflict",
+            Refusal::NestedLink { .. } | Refusal::CheckpointTaken { .. } => "PrefixConflict",
             Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => "DirectionConflict",
             Refusal::VersionUnsupported { .. } => "VersionUnsupported",
             Refusal::MixedClusters { .. } => "MixedClusters",
@@ -165,11 +190,21 @@ impl Refusal {
         }
     }
 
+    /// The shell command that clears the way (also in the message), where there is one.
+    pub fn fix(&self) -> Option<String> {
+        match self {
+            Refusal::EmptyTarget { clear, .. } => Some(clear.join(" && ")),
+            Refusal::NestedLink { clear, .. } | Refusal::CheckpointTaken { clear, .. } => Some(clear.clone()),
+            _ => None,
+        }
+    }
+
     /// The condition this refusal raises (with the refusal's message), if any, and its reason.
     pub fn condition(&self) -> Option<(ConditionType, &'static str)> {
         match self {
             Refusal::EmptyTarget { .. } => Some((ConditionType::EmptyTargetViolation, "TargetNotEmpty")),
             Refusal::NestedLink { .. } => Some((ConditionType::PrefixConflict, "NestedLink")),
+            Refusal::CheckpointTaken { .. } => Some((ConditionType::PrefixConflict, "CheckpointTaken")),
             Refusal::SameClusterOverlap => Some((ConditionType::DirectionConflict, "SameCluster")),
             Refusal::ReverseLink { .. } => Some((ConditionType::DirectionConflict, "ReverseLink")),
             Refusal::DrainVerificationFailed { .. } => {

@@ -97,8 +97,11 @@ impl Run<'_> {
         let found =
             mirror_reconcile::find_foreign_link(self.target_kv.clone(), &self.engine.rewriter, page).await?;
         let Some(other) = found else { return Ok(()) };
-        let at = self.engine.rewriter.redact(&other.namespace);
-        Err(Refusal::NestedLink { other: other.link_uid, at }.into())
+        // A namespace is configuration (a prefix and a link's name), not data: shown as is.
+        let at = String::from_utf8_lossy(&other.namespace).escape_debug().to_string();
+        let namespace = mirror_core::KeyRange::prefix(&other.namespace);
+        let clear = mirror_core::delete_commands(&self.cfg().target.endpoints, &[namespace]).concat();
+        Err(Refusal::NestedLink { other: other.link_uid, at, clear }.into())
     }
 
     /// A comparison of the source pinned at the watermark with the target as it is: while the

@@ -82,7 +82,12 @@ impl Engine {
             // failure to dashboards and to the cutover tests that look for none.
             if !matches!(decision, Decision::StandBy(_)) {
                 self.update(|s| {
-                    s.last_error = Some(LastError { class, reason: err.reason(), message: err.to_string() })
+                    s.last_error = Some(LastError {
+                        class,
+                        reason: err.reason(),
+                        message: err.to_string(),
+                        fix: err.fix(),
+                    })
                 });
             }
             match decision {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use mirror_core::{now_rfc3339, unary, ConditionType, Side};
+use mirror_core::{now_rfc3339, unary, ConditionType, KeyRange, Side};
 use mirror_fence::{read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed};
 use mirror_scan::count;
 use mirror_watch::{open_watch, Watch};
@@ -34,7 +34,22 @@ impl Run<'_> {
         let timeout = self.timeout();
         let committed = self.engine.target_committed;
         let observed = read_checkpoint_since(&mut self.target_kv, &key, timeout, committed).await?;
-        mirror_fence::may_claim(&observed, &self.template(0))?;
+        if let Err(e) = mirror_fence::may_claim(&observed, &self.template(0)) {
+            return Err(match e {
+                FenceError::PrefixConflict { stored, ours } => {
+                    let endpoints = &self.cfg().target.endpoints;
+                    let at = KeyRange { end: [key.as_slice(), &[0]].concat(), start: key.clone() };
+                    Refusal::CheckpointTaken {
+                        other: stored,
+                        ours,
+                        key: String::from_utf8_lossy(&key).escape_debug().to_string(),
+                        clear: mirror_core::delete_commands(endpoints, &[at]).concat(),
+                    }
+                    .into()
+                }
+                e => e.into(),
+            });
+        }
         let stored = match &observed {
             Observed::Present { record, .. } => Some(record.clone()),
             Observed::Absent => None,
@@ -241,7 +256,13 @@ impl Run<'_> {
         let timeout = self.timeout();
         let (n, _) = count(&mut self.target_kv, &windows, None, Side::Target, timeout).await?;
         if n > 0 {
-            return Err(Refusal::EmptyTarget { keys: n }.into());
+            // With nothing in the reserved namespace (no link's checkpoint), deleting the whole
+            // prefix deletes exactly the same keys, in one readable `etcdctl del --prefix`.
+            let reserved = KeyRange::prefix(&self.engine.rewriter.reserved_prefix());
+            let (held, _) = count(&mut self.target_kv, &[reserved], None, Side::Target, timeout).await?;
+            let clear = if held == 0 { &[self.engine.rewriter.target_range()][..] } else { &windows[..] };
+            let clear = mirror_core::delete_commands(&self.cfg().target.endpoints, clear);
+            return Err(Refusal::EmptyTarget { keys: n, clear }.into());
         }
         Ok(())
     }

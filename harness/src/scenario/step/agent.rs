@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use mirror_core::HumanDuration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -269,4 +270,43 @@ impl Step for Verify {
 
 fn check_toml(text: &str) -> anyhow::Result<()> {
     text.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("toml: {e}")).map(drop)
+}
+
+/// Runs the fix command of agent `id`'s `last_error` (`last_error.fix`) with bash, the target
+/// version's `etcdctl` first on the PATH: what an operator pastes must do what it says.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFix {
+    /// Agent id.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "run_fix")]
+impl Step for RunFix {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let status = world.status(&self.id).await?;
+        let error = status.last_error.context("the agent reports no last_error")?;
+        let fix = error.fix.with_context(|| format!("last_error {} carries no fix command", error.reason))?;
+        let etcdctl = world.target.spec().version.etcdctl();
+        let dir = etcdctl.parent().context("etcdctl has a directory")?;
+        let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+        let out = tokio::process::Command::new("bash")
+            .args(["-c", &fix])
+            .env("PATH", path)
+            .env("ETCDCTL_API", "3")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .context("running bash")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{fix}: {} {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(format!("{fix} -> {}", String::from_utf8_lossy(&out.stdout).trim()))
+    }
 }

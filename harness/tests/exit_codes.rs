@@ -25,12 +25,13 @@ async fn a_bad_config_exits_2_from_every_command() {
     let dir = tempfile::tempdir().unwrap();
     let bad = write(&dir, "bad.toml", "link_uid = \"\"\n[source]\n[target]\n");
     let out = dir.path().join("plan.jsonl").display().to_string();
-    let commands: [&[&str]; 6] = [
+    let commands: [&[&str]; 7] = [
         &["check-config", &bad],
         &["run", "--config", &bad],
         &["verify", "--config", &bad],
         &["cutover", "--config", &bad, "--wait"],
         &["failover", "--config", &bad],
+        &["retire", "--config", &bad],
         &["failback-plan", "--config", &bad, "--promoted-watermark", "5", "--out", &out],
     ];
     for args in commands {

@@ -10,7 +10,8 @@
 //!   parks the engine in `failed` or `standby`.
 //! - `check-config`, `status`, `verify` (`verify.rs`, read-only), `cutover` (`cutover.rs`) and
 //!   `failover` (`failover.rs`: promote the target without the source) and `failback-plan`
-//!   (`failback.rs`: what the old source took that the new primary never got, read-only) are
+//!   (`failback.rs`: what the old source took that the new primary never got, read-only) and
+//!   `retire` (`retire.rs`: the link's reserved keys removed once no agent of it writes) are
 //!   one-shot commands for operators and scripts.
 //!
 //! What it deliberately does not do: it never writes to the source, never writes outside the
@@ -25,6 +26,7 @@ mod http;
 mod metrics;
 mod progress;
 mod reporter;
+mod retire;
 mod summary;
 mod verify;
 
@@ -104,6 +106,17 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Remove this link's reserved keys (checkpoint, HA election keys) from the target once no
+    /// agent of it can write (cut over, failed over, decommissioned). Exit 0 when done or
+    /// nothing is left, 1 while an agent may still hold the fence (unless --force).
+    Retire {
+        /// The link's TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Skip the live-writer checks (an alive HA lease, a checkpoint that moves).
+        #[arg(long)]
+        force: bool,
+    },
     /// Compare source and target (read-only); exit 0 only when equal.
     Verify {
         /// The TOML config file.
@@ -162,6 +175,14 @@ fn main() -> ExitCode {
                 let _ =
                     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
                 runtime().block_on(failback::failback_plan(c, promoted_watermark, out))
+            }
+            Err(e) => config_error(&config, &e),
+        },
+        Command::Retire { config, force } => match Config::load(&config) {
+            Ok(c) => {
+                let _ =
+                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+                runtime().block_on(retire::retire(c, force))
             }
             Err(e) => config_error(&config, &e),
         },

@@ -310,3 +310,27 @@ impl Step for RunFix {
         Ok(format!("{fix} -> {}", String::from_utf8_lossy(&out.stdout).trim()))
     }
 }
+
+/// `mirror-agent retire` with agent `id`'s config.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retire {
+    /// Agent id whose config is used.
+    #[serde(default = "agent_a", skip_serializing_if = "is_a")]
+    pub id: String,
+    /// `--force`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub force: bool,
+    /// Expected exit code.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expect: i32,
+}
+
+#[async_trait::async_trait]
+#[typetag::serde(name = "retire")]
+impl Step for Retire {
+    async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
+        let args: &[&str] = if self.force { &["--force"] } else { &[] };
+        world.one_shot(&self.id, "retire", args, self.expect).await
+    }
+}

@@ -24,7 +24,9 @@ mod network;
 mod until;
 
 pub use crate::scenario::sides::{Journal, MemberRef, RevisionRef, SideName, Sides, Signal};
-pub use agent::{Cutover, FailbackPlan, Failover, ReloadAgent, RunFix, StartAgent, StopAgent, Verify};
+pub use agent::{
+    Cutover, FailbackPlan, Failover, ReloadAgent, Retire, RunFix, StartAgent, StopAgent, Verify,
+};
 pub use check::{Expect, Sleep, Wait};
 pub use data::{CheckPerf, Churn, Del, Load, Put, Revoke, Txn};
 pub use lease::{Grant, KeepLeases, LoadLeased};

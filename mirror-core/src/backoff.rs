@@ -11,13 +11,19 @@
 //!   `min(backoff.max, 60s)`; a fresh genesis (forced resync or genesis restart) starts at once
 //!   the first time and then backs off like a transient error, so a resync loop never spins;
 //!   permanent errors stop.
-//! - [`RetryPolicy::on_success`] resets the retry curves after a success;
+//! - [`RetryPolicy::on_success`] resets the transient curve after a success;
 //!   [`RetryPolicy::on_live_progress`] (a live tail apply) resets the resync curve too.
+//! - The throttle curve survives success (upstream #41): one write that gets through a
+//!   throttling target does not send the next one in after the shortest wait again. It starts
+//!   over only after a throttle-free stretch of `backoff.max`, and it is carried from one write
+//!   to the next ([`ThrottleState`]), so a throttled target is not hammered anew by every Txn.
 //!
 //! ## What it deliberately does not do
 //! It never sleeps: callers sleep, so they can also watch for shutdown.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::config::SyncSection;
 use crate::error::ErrorClass;
@@ -68,11 +74,21 @@ pub enum Action {
     Stop,
 }
 
+/// Where the throttle curve stands: carried from one write's policy to the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThrottleState {
+    attempts: u32,
+    last: Option<Instant>,
+}
+
 /// The one decision of "what now" after an error, by class; see the module doc.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
     transient: ExponentialBackoff,
     throttle: ExponentialBackoff,
+    /// When the target last throttled; the curve starts over after `backoff.max` without.
+    throttled_at: Option<Instant>,
+    throttle_quiet: Duration,
     resync: ExponentialBackoff,
     quota: Duration,
     rounds: u32,
@@ -87,6 +103,8 @@ impl RetryPolicy {
             // Twice the transient start, but never above `max`: under tight bounds (initial =
             // max) the first throttle wait is `max`, not twice it.
             throttle: ExponentialBackoff::new((initial * 2).min(max), max, 3),
+            throttled_at: None,
+            throttle_quiet: max,
             resync: ExponentialBackoff::new(initial, max, 2),
             quota: max.min(Duration::from_secs(60)),
             rounds: 0,
@@ -100,7 +118,13 @@ impl RetryPolicy {
         }
         match class {
             ErrorClass::Transient => Action::RetryAfter(self.transient.next_delay()),
-            ErrorClass::Throttle => Action::RetryAfter(self.throttle.next_delay()),
+            ErrorClass::Throttle => {
+                if self.throttled_at.is_some_and(|at| at.elapsed() >= self.throttle_quiet) {
+                    self.throttle.reset();
+                }
+                self.throttled_at = Some(Instant::now());
+                Action::RetryAfter(self.throttle.next_delay())
+            }
             ErrorClass::Quota => Action::RetryAfter(self.quota),
             ErrorClass::Resync => {
                 let first = self.resync.attempts() == 0;
@@ -111,13 +135,25 @@ impl RetryPolicy {
         }
     }
 
-    /// A call succeeded (a connect that reached the tail, a landed Txn): the transient,
-    /// throttle and quota waits start over. The resync curve does not: a genesis that scans and
-    /// then restarts has not escaped its loop.
+    /// A call succeeded (a connect that reached the tail, a landed Txn): the transient wait
+    /// starts over. The throttle curve does not (it starts over after `backoff.max` without
+    /// throttling), nor does the resync one: a genesis that scans and then restarts has not
+    /// escaped its loop.
     pub fn on_success(&mut self) {
         self.transient.reset();
-        self.throttle.reset();
         self.rounds = 0;
+    }
+
+    /// Where the throttle curve stands, for the next write's policy.
+    pub fn throttle_state(&self) -> ThrottleState {
+        ThrottleState { attempts: self.throttle.attempt, last: self.throttled_at }
+    }
+
+    /// Continues the throttle curve of an earlier policy.
+    pub fn with_throttle_state(mut self, state: ThrottleState) -> RetryPolicy {
+        self.throttle.attempt = state.attempts;
+        self.throttled_at = state.last;
+        self
     }
 
     /// A live revision was applied in the tail: every curve starts over, the resync one too.

@@ -55,6 +55,28 @@ async fn throttle_has_its_own_curve() {
     assert_eq!(p.rounds(), 5);
 }
 
+/// One success under throttling does not reset the throttle curve, a later write's policy
+/// carries it on, and it starts over only after `backoff.max` without throttling (upstream
+/// #41: a throttled target was hammered again at the shortest wait after every success).
+#[tokio::test(start_paused = true)]
+async fn the_throttle_curve_survives_success_and_decays_after_a_quiet_max() {
+    let cfg = sync(1, 30);
+    let mut p = RetryPolicy::new(&cfg);
+    assert_eq!(waited(&mut p, ErrorClass::Throttle, 2).await, Duration::from_secs(2 + 6));
+    p.on_success();
+    assert_eq!(p.on_error(ErrorClass::Throttle), secs(18), "a success does not reset it");
+    p.on_success();
+    let mut next_write = RetryPolicy::new(&cfg).with_throttle_state(p.throttle_state());
+    assert_eq!(next_write.on_error(ErrorClass::Throttle), secs(30), "the next write carries it on");
+    next_write.on_success();
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    let mut p = RetryPolicy::new(&cfg).with_throttle_state(next_write.throttle_state());
+    assert_eq!(p.on_error(ErrorClass::Throttle), secs(30), "29 s without throttling is not enough");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(p.on_error(ErrorClass::Throttle), secs(2), "backoff.max without throttling starts it over");
+    assert_eq!(RetryPolicy::new(&cfg).on_error(ErrorClass::Throttle), secs(2), "a fresh policy starts low");
+}
+
 /// Under tight bounds the throttle curve never waits longer than `backoff.max`, its first wait
 /// included (upstream #39: initial = max = 1 s waited 2 s).
 #[test]

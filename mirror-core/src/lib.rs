@@ -44,7 +44,7 @@ pub mod testing;
 pub mod tls;
 mod units;
 
-pub use backoff::{Action, ExponentialBackoff, RetryPolicy};
+pub use backoff::{Action, ExponentialBackoff, RetryPolicy, ThrottleState};
 pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
     Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode,

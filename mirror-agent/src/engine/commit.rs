@@ -45,7 +45,9 @@ impl Run<'_> {
         guards: Vec<etcd_client::Compare>,
     ) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
-        let mut policy = RetryPolicy::new(&cfg);
+        // The throttle curve goes on from the last write: one Txn that got through a throttling
+        // target does not send the next in after the shortest wait.
+        let mut policy = RetryPolicy::new(&cfg).with_throttle_state(self.engine.throttle);
         self.ensure_leases(ops).await?;
         loop {
             let txn_ops = self.txn_ops(ops);
@@ -84,7 +86,9 @@ impl Run<'_> {
             let class = err.class();
             let tls_changed =
                 err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files;
-            let (delay, drop_watch, degrade, raise) = match on_write_error(class, tls_changed, &mut policy) {
+            let decided = on_write_error(class, tls_changed, &mut policy);
+            self.engine.throttle = policy.throttle_state();
+            let (delay, drop_watch, degrade, raise) = match decided {
                 OnWriteError::Reconnect => {
                     return Err(EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged))
                 }

@@ -223,6 +223,8 @@ pub struct Engine {
     agent_id: String,
     /// Consecutive forced resyncs with no live apply between.
     resyncs_in_a_row: u32,
+    /// The throttle curve of target writes, carried from one Txn to the next (upstream #41).
+    throttle: mirror_core::ThrottleState,
     /// Validated configs from SIGHUP; only fields that may change live differ (the caller
     /// refuses the rest).
     reload: Option<tokio::sync::watch::Receiver<Config>>,
@@ -279,6 +281,7 @@ impl Engine {
             shutdown,
             agent_id,
             resyncs_in_a_row: 0,
+            throttle: mirror_core::ThrottleState::default(),
             reload: None,
             ever_connected: false,
             progress: Progress::None,

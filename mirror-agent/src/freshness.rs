@@ -64,6 +64,30 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
             );
         }
     }
+    // A link whose periodic pass never ran is not vouched for either: from twice the interval
+    // after its initial sync completed (the checkpoint keeps that time across restarts).
+    if let (Some(stale_after), None) = (rule.reconcile_stale_after, &s.last_reconcile) {
+        let completed =
+            s.initial_sync.completed.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+        let age = since(completed);
+        let stale = completed.is_some() && age > stale_after;
+        let said = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == ConditionType::InvariantsHeld && c.reason == "NeverReconciled");
+        if stale && !said {
+            s.set_condition(
+                ConditionType::InvariantsHeld,
+                false,
+                "NeverReconciled",
+                format!(
+                    "no reconcile pass in the {:.0}s since the initial sync completed (reconcile.interval {}s)",
+                    age.as_secs_f64(),
+                    stale_after.as_secs() / 2
+                ),
+            );
+        }
+    }
 }
 
 /// The staleness rule of [`refresh`].
@@ -123,6 +147,26 @@ mod tests {
         refresh(&mut s, t0 + Duration::from_secs(401), &rule());
         assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
         assert_eq!(s.lag_seconds, 0.0);
+    }
+
+    /// A link that never completed a pass stops being vouched for twice the interval after its
+    /// initial sync completed (it used to look healthy forever).
+    #[test]
+    fn no_pass_at_all_is_stale_after_twice_the_interval() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut s = Status::default();
+        refresh(&mut s, t0 + Duration::from_secs(100_000), &rule());
+        assert!(s.conditions.is_empty(), "no initial sync yet: nothing to judge");
+        s.initial_sync.completed = Some(humantime::format_rfc3339_seconds(t0).to_string());
+        refresh(&mut s, t0 + Duration::from_secs(7200), &rule());
+        assert!(s.conditions.is_empty(), "within twice the interval");
+        refresh(&mut s, t0 + Duration::from_secs(7201), &rule());
+        let held = s.conditions.iter().find(|c| c.type_ == ConditionType::InvariantsHeld).unwrap();
+        assert_eq!((held.status, held.reason.as_str()), (false, "NeverReconciled"));
+        let off = Freshness { reconcile_stale_after: None, ..rule() };
+        let mut quiet = Status { initial_sync: s.initial_sync.clone(), ..Status::default() };
+        refresh(&mut quiet, t0 + Duration::from_secs(100_000), &off);
+        assert!(quiet.conditions.is_empty(), "periodic passes off: no rule");
     }
 
     /// InvariantsHeld from a pass older than twice the interval is stale.

@@ -45,6 +45,7 @@ fn record(watermark: i64) -> Checkpoint {
         forced_resyncs: 0,
         scan_restarts: 0,
         initial_sync_completed: String::new(),
+        excludes: Vec::new(),
     }
 }
 

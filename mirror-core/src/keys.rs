@@ -131,6 +131,17 @@ impl KeyRewriter {
         &self.dest_prefix
     }
 
+    /// The excluded prefixes as destination keys (the source's own reserved namespace left
+    /// out): where this link never writes.
+    pub fn dest_excludes(&self) -> Vec<Vec<u8>> {
+        let own = [&self.source_prefix[..], RESERVED_MARKER.as_bytes()].concat();
+        self.excludes
+            .iter()
+            .filter(|e| **e != own)
+            .map(|e| [&self.dest_prefix[..], &e[self.source_prefix.len()..]].concat())
+            .collect()
+    }
+
     /// Absolute excluded source prefixes, sorted and non-nested.
     pub fn excludes(&self) -> &[Vec<u8>] {
         &self.excludes

@@ -139,3 +139,15 @@ proptest! {
         prop_assert_eq!(r.scan_windows().iter().any(|w| w.contains(&key)), r.in_scope(&key));
     }
 }
+
+/// Excludes map to the destination keys the link never writes (its own source reserved
+/// namespace is not one): what a later nested link reads from the checkpoint to tell it does
+/// not overlap.
+#[test]
+fn dest_excludes_are_the_excluded_prefixes_under_the_destination() {
+    let r = KeyRewriter::new(b"/src/a/", b"/copy/", [&b"nested/"[..], &b"tmp/"[..]]);
+    let mut got = r.dest_excludes();
+    got.sort();
+    assert_eq!(got, vec![b"/copy/nested/".to_vec(), b"/copy/tmp/".to_vec()]);
+    assert!(KeyRewriter::new(b"/src/", b"/copy/", []).dest_excludes().is_empty());
+}

@@ -70,6 +70,10 @@ pub struct Checkpoint {
     /// When the last initial sync completed (RFC 3339, UTC). Empty while the first one runs,
     /// and in records written before it existed.
     pub initial_sync_completed: String,
+    /// Destination prefixes this link never writes (its `exclude_prefixes`, mapped to the
+    /// target), so a link nested under one of them can tell it does not overlap. Empty in
+    /// records written before it existed and for links without excludes.
+    pub excludes: Vec<Vec<u8>>,
 }
 
 /// Why a stored record was refused. Each variant names the field.
@@ -112,6 +116,7 @@ const FIELDS: &[&str] = &[
     "forced_resyncs",
     "scan_restarts",
     "initial_sync_completed",
+    "excludes",
 ];
 
 impl Checkpoint {
@@ -145,6 +150,9 @@ impl Checkpoint {
         }
         if !self.initial_sync_completed.is_empty() {
             value["initial_sync_completed"] = self.initial_sync_completed.clone().into();
+        }
+        if !self.excludes.is_empty() {
+            value["excludes"] = self.excludes.iter().map(|p| Value::from(B64.encode(p))).collect();
         }
         serde_json::to_vec(&value).expect("a JSON value always serialises")
     }
@@ -203,6 +211,7 @@ impl Checkpoint {
             forced_resyncs: r.optional_u64("forced_resyncs")?,
             scan_restarts: r.optional_u64("scan_restarts")?,
             initial_sync_completed: r.optional_time("initial_sync_completed")?,
+            excludes: r.optional_prefixes("excludes")?,
         })
     }
 }
@@ -227,6 +236,7 @@ pub(crate) fn test_record(link: &str, epoch: u64, role: Role) -> Checkpoint {
         forced_resyncs: 0,
         scan_restarts: 0,
         initial_sync_completed: String::new(),
+        excludes: Vec::new(),
     }
 }
 
@@ -259,6 +269,19 @@ impl Reader<'_> {
             None => Ok(String::new()),
             Some(_) => self.str(field),
         }
+    }
+
+    /// A list of base64 keys added within v1: absent reads as empty.
+    fn optional_prefixes(&self, field: &'static str) -> Result<Vec<Vec<u8>>, DecodeError> {
+        let Some(value) = self.0.get(field) else { return Ok(Vec::new()) };
+        let items = value.as_array().ok_or_else(|| invalid(field, "must be a list of base64 strings"))?;
+        items
+            .iter()
+            .map(|item| {
+                let text = item.as_str().ok_or_else(|| invalid(field, "must be a list of base64 strings"))?;
+                B64.decode(text).map_err(|e| invalid(field, format!("not base64: {e}")))
+            })
+            .collect()
     }
 
     /// A count added within v1: absent reads as 0.

@@ -22,6 +22,7 @@ fn sample() -> Checkpoint {
         forced_resyncs: 2,
         scan_restarts: 5,
         initial_sync_completed: "2026-12-01T16:00:00Z".into(),
+        excludes: vec![b"/copy/nested/".to_vec(), b"/copy/\xff/".to_vec()],
     }
 }
 
@@ -37,6 +38,10 @@ fn encoding_matches_spec_fields() {
     assert_eq!(v["role"], "mirror");
     assert_eq!(v["source_cluster_id"], "18446744073709551615");
     assert_eq!(v.as_object().unwrap().len(), FIELDS.len());
+}
+
+fn commit_bytes(s: u64) -> Vec<u8> {
+    s.to_be_bytes().to_vec()
 }
 
 fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
@@ -75,6 +80,7 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
                     } else {
                         "2026-12-01T16:00:00Z".into()
                     },
+                    excludes: if prune_pending { vec![commit_bytes(s), vec![0xff, 0]] } else { Vec::new() },
                 }
             },
         )
@@ -174,22 +180,30 @@ fn records_without_the_later_fields_decode() {
 fn the_counts_are_optional_and_checked() {
     let mut v = sample_json();
     let obj = v.as_object_mut().unwrap();
-    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed"] {
+    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed", "excludes"] {
         obj.remove(field);
     }
     let old = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(
         old,
-        Checkpoint { forced_resyncs: 0, scan_restarts: 0, initial_sync_completed: String::new(), ..sample() }
+        Checkpoint {
+            forced_resyncs: 0,
+            scan_restarts: 0,
+            initial_sync_completed: String::new(),
+            excludes: Vec::new(),
+            ..sample()
+        }
     );
     let again: Value = serde_json::from_slice(&old.encode()).unwrap();
-    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed"] {
+    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed", "excludes"] {
         assert!(again.get(field).is_none(), "{field}: {again}");
     }
     for (field, bad) in [
         ("forced_resyncs", json!(-1)),
         ("scan_restarts", json!("3")),
         ("initial_sync_completed", json!("yesterday")),
+        ("excludes", json!("L2Mv")),
+        ("excludes", json!(["not base64!"])),
     ] {
         let mut v = sample_json();
         v[field] = bad;

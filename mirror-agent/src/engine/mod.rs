@@ -410,6 +410,7 @@ impl Run<'_> {
             forced_resyncs,
             scan_restarts,
             initial_sync_completed,
+            excludes: self.engine.rewriter.dest_excludes(),
         }
     }
 

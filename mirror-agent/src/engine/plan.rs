@@ -121,6 +121,7 @@ mod tests {
             forced_resyncs: 0,
             scan_restarts: 0,
             initial_sync_completed: String::new(),
+            excludes: Vec::new(),
         }
     }
 

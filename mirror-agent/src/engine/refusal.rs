@@ -86,6 +86,24 @@ pub enum Refusal {
         /// The command that deletes it ([`mirror_core::delete_commands`]).
         clear: String,
     },
+    /// A new link's destination overlaps another link's (one nested in the other, not
+    /// excluded): two writers would share keys.
+    #[error(
+        "link {other:?} writes under {theirs:?} on the target, which overlaps this link's destination {ours:?}: \
+         two links would write the same keys, so nothing was written (the link that starts second is refused). \
+         To nest one link in another, exclude the inner range from the outer link (sync.exclude_prefixes); \
+         if link {other:?} is retired for good, clear its reserved keys with: {clear}"
+    )]
+    Overlap {
+        /// Its `link_uid` (`"unknown"` when its checkpoint cannot be read).
+        other: String,
+        /// Its destination prefix, escaped for reading.
+        theirs: String,
+        /// Ours, escaped for reading.
+        ours: String,
+        /// The command that deletes its reserved namespace.
+        clear: String,
+    },
     /// Source and target are one cluster and the ranges overlap.
     #[error("source and target are the same cluster and the ranges overlap")]
     SameClusterOverlap,
@@ -179,7 +197,9 @@ impl Refusal {
             Refusal::EmptyTarget { .. } => "EmptyTargetViolation",
             Refusal::RevisionTooLarge { .. } => "RevisionTooLarge",
             Refusal::ValueTooLarge { .. } => "ValueTooLarge",
-            Refusal::NestedLink { .. } | Refusal::CheckpointTaken { .. } => "PrefixConflict",
+            Refusal::NestedLink { .. } | Refusal::CheckpointTaken { .. } | Refusal::Overlap { .. } => {
+                "PrefixConflict"
+            }
             Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => "DirectionConflict",
             Refusal::VersionUnsupported { .. } => "VersionUnsupported",
             Refusal::MixedClusters { .. } => "MixedClusters",
@@ -194,7 +214,9 @@ impl Refusal {
     pub fn fix(&self) -> Option<String> {
         match self {
             Refusal::EmptyTarget { clear, .. } => Some(clear.join(" && ")),
-            Refusal::NestedLink { clear, .. } | Refusal::CheckpointTaken { clear, .. } => Some(clear.clone()),
+            Refusal::NestedLink { clear, .. }
+            | Refusal::CheckpointTaken { clear, .. }
+            | Refusal::Overlap { clear, .. } => Some(clear.clone()),
             _ => None,
         }
     }
@@ -205,6 +227,7 @@ impl Refusal {
             Refusal::EmptyTarget { .. } => Some((ConditionType::EmptyTargetViolation, "TargetNotEmpty")),
             Refusal::NestedLink { .. } => Some((ConditionType::PrefixConflict, "NestedLink")),
             Refusal::CheckpointTaken { .. } => Some((ConditionType::PrefixConflict, "CheckpointTaken")),
+            Refusal::Overlap { .. } => Some((ConditionType::PrefixConflict, "Overlap")),
             Refusal::SameClusterOverlap => Some((ConditionType::DirectionConflict, "SameCluster")),
             Refusal::ReverseLink { .. } => Some((ConditionType::DirectionConflict, "ReverseLink")),
             Refusal::DrainVerificationFailed { .. } => {

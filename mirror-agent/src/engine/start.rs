@@ -54,8 +54,10 @@ impl Run<'_> {
             Observed::Present { record, .. } => Some(record.clone()),
             Observed::Absent => None,
         };
-        if let Some(record) = &stored {
-            self.remember_counts(record);
+        match &stored {
+            Some(record) => self.remember_counts(record),
+            // Before a new link's first write: is any of its destination another link's?
+            None => self.refuse_overlaps().await?,
         }
         let ours = self.engine.rewriter.range_fingerprint();
         let plan = plan_start(&StartFacts {
@@ -67,9 +69,12 @@ impl Run<'_> {
             mode: self.cfg().initial_sync.mode,
             start_revision: self.cfg().initial_sync.start_revision,
         });
-        // Carrying on with a stored record under this agent's epoch, id and range.
-        let resumed =
-            |run: &Self, r: &Checkpoint| r.resumed_by(run.cfg().epoch as u64, &run.engine.agent_id, &ours);
+        // Carrying on with a stored record under this agent's epoch, id and range (and its
+        // excludes, which records written before they were kept lack).
+        let resumed = |run: &Self, r: &Checkpoint| Checkpoint {
+            excludes: run.engine.rewriter.dest_excludes(),
+            ..r.resumed_by(run.cfg().epoch as u64, &run.engine.agent_id, &ours)
+        };
         if let (StartPlan::Tail { .. } | StartPlan::ResumeScan, Some(r)) = (&plan, &stored) {
             self.refuse_source_behind(r.watermark).await?;
         }
@@ -149,6 +154,61 @@ impl Run<'_> {
                 unreachable!("resume plans need a record")
             }
         }
+    }
+
+    /// Refuses a new link whose destination overlaps another link's, before its first write:
+    /// an outer link (a checkpoint at a proper prefix of our destination) that does not exclude
+    /// our destination, or an inner link (a reserved namespace inside our range) that we do not
+    /// exclude. The link that starts second is the one refused; a link already writing is
+    /// never stopped by a newcomer. Nested links stay possible: exclude the inner range from
+    /// the outer link (`sync.exclude_prefixes`), whichever starts first.
+    async fn refuse_overlaps(&mut self) -> Result<(), EngineError> {
+        let ours = self.engine.rewriter.dest_prefix().to_vec();
+        let marker = mirror_core::RESERVED_MARKER.as_bytes();
+        let timeout = self.timeout();
+        for len in 0..ours.len() {
+            let key = [&ours[..len], marker, b"checkpoint"].concat();
+            let resp = unary("overlap check", Side::Target, timeout, self.target_kv.get(key, None)).await?;
+            let Some(kv) = resp.kvs().first() else { continue };
+            let (other, excludes) = match Checkpoint::decode(kv.value()) {
+                Ok(r) => (r.link_uid, r.excludes),
+                Err(_) => ("unknown".to_owned(), Vec::new()),
+            };
+            if !excludes.iter().any(|e| ours.starts_with(e)) {
+                return Err(self.overlap(other, &ours[..len]));
+            }
+        }
+        let page = self.page_options("overlap check").keys_only();
+        let inner =
+            mirror_reconcile::foreign_dest_prefixes(self.target_kv.clone(), &self.engine.rewriter, page)
+                .await?;
+        let excluded = self.engine.rewriter.dest_excludes();
+        for theirs in inner {
+            if excluded.iter().any(|e| theirs.starts_with(e)) {
+                continue;
+            }
+            let key = [&theirs[..], marker, b"checkpoint"].concat();
+            let resp = unary("overlap check", Side::Target, timeout, self.target_kv.get(key, None)).await?;
+            let other = resp
+                .kvs()
+                .first()
+                .and_then(|kv| Checkpoint::decode(kv.value()).ok())
+                .map_or_else(|| "unknown".to_owned(), |r| r.link_uid);
+            return Err(self.overlap(other, &theirs));
+        }
+        Ok(())
+    }
+
+    fn overlap(&self, other: String, theirs: &[u8]) -> EngineError {
+        let show = |p: &[u8]| String::from_utf8_lossy(p).escape_debug().to_string();
+        let namespace = KeyRange::prefix(&[theirs, mirror_core::RESERVED_MARKER.as_bytes()].concat());
+        Refusal::Overlap {
+            other,
+            theirs: show(theirs),
+            ours: show(self.engine.rewriter.dest_prefix()),
+            clear: mirror_core::delete_commands(&self.cfg().target.endpoints, &[namespace]).concat(),
+        }
+        .into()
     }
 
     /// Status takes the link's counts from a stored record where it knows less (a restarted

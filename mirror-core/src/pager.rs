@@ -191,18 +191,7 @@ impl Pager {
                 Err(e) if e.fault == Fault::ResponseTooLarge => return Err(self.key_too_large(e)),
                 Err(e) => return Err(e),
             };
-            let more = resp.more();
-            let count = resp.count();
-            let kvs = resp.take_kvs();
-            let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
-            self.stride.learn(
-                kvs.first().map(KeyValue::key),
-                kvs.last().map(KeyValue::key),
-                kvs.len(),
-                count,
-                self.limit,
-            );
-            self.adapt(bytes);
+            let (kvs, more) = self.take_answer(&mut resp, self.limit);
             match kvs.last() {
                 Some(last) if more => self.next_key = [last.key(), &[0u8]].concat(),
                 // The probe is drained but the window goes on past it.
@@ -249,18 +238,7 @@ impl Pager {
                     return Err(e);
                 }
             };
-            let more = resp.more();
-            let count = resp.count();
-            let kvs = resp.take_kvs();
-            let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
-            self.stride.learn(
-                kvs.first().map(KeyValue::key),
-                kvs.last().map(KeyValue::key),
-                kvs.len(),
-                count,
-                front.limit,
-            );
-            self.adapt(bytes);
+            let (kvs, more) = self.take_answer(&mut resp, front.limit);
             if let Some(last) = kvs.last().filter(|_| more) {
                 let after = [last.key(), &[0u8]].concat();
                 if self.ahead.is_empty() && self.next_key == front.end {
@@ -321,6 +299,18 @@ impl Pager {
         for ahead in self.ahead.drain(..) {
             ahead.answer.abort();
         }
+    }
+
+    /// The keys of an answer asked with `limit`, and whether the window holds more; the
+    /// stride learns the density and the page size follows the bytes.
+    fn take_answer(&mut self, resp: &mut GetResponse, limit: i64) -> (Vec<KeyValue>, bool) {
+        let (more, count) = (resp.more(), resp.count());
+        let kvs = resp.take_kvs();
+        let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+        let (first, last) = (kvs.first().map(KeyValue::key), kvs.last().map(KeyValue::key));
+        self.stride.learn(first, last, kvs.len(), count, limit);
+        self.adapt(bytes);
+        (kvs, more)
     }
 
     fn adapt(&mut self, bytes: usize) {

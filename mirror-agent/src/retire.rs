@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
-use mirror_core::{connect_reachable, prefix_end, unary, Config, Side};
+use mirror_core::{connect_reachable, prefix_end, unary, Config, KeyRange, Side};
 use tokio::time::Instant;
 
 /// Retired, or nothing was left to retire.
@@ -75,9 +75,9 @@ async fn run(config: &Config, force: bool) -> anyhow::Result<Outcome> {
             Ok::<_, mirror_core::EtcdError>(resp.kvs().first().map_or(0, |kv| kv.mod_revision()))
         }
     };
-    let held = read_checkpoint(kv.clone()).await?;
-    // Another link's record at this key is never this command's to delete, --force or not.
     let stored = unary("retire read", Side::Target, timeout, kv.get(checkpoint.clone(), None)).await?;
+    let held = stored.kvs().first().map_or(0, |kv| kv.mod_revision());
+    // Another link's record at this key is never this command's to delete, --force or not.
     if let Some(Ok(record)) = stored.kvs().first().map(|kv| mirror_fence::Checkpoint::decode(kv.value())) {
         if record.link_uid != config.link_uid {
             return Ok(Outcome::Refused(format!(
@@ -86,7 +86,9 @@ async fn run(config: &Config, force: bool) -> anyhow::Result<Outcome> {
             )));
         }
     }
-    let in_reserved = count(&mut kv, &reserved, timeout).await?;
+    let namespace = KeyRange::prefix(&reserved);
+    let (in_reserved, _) = mirror_scan::count(&mut kv, &[namespace], None, Side::Target, timeout).await?;
+    let in_reserved = in_reserved as i64;
     let outside = i64::from(held > 0 && !checkpoint.starts_with(&reserved));
     if in_reserved + outside == 0 {
         return Ok(Outcome::Nothing);
@@ -124,12 +126,6 @@ async fn run(config: &Config, force: bool) -> anyhow::Result<Outcome> {
         ));
     }
     Ok(Outcome::Retired { keys: in_reserved + outside })
-}
-
-/// Keys under `prefix`.
-async fn count(kv: &mut etcd_client::KvClient, prefix: &[u8], timeout: Duration) -> anyhow::Result<i64> {
-    let opts = GetOptions::new().with_range(prefix_end(prefix)).with_count_only();
-    Ok(unary("retire count", Side::Target, timeout, kv.get(prefix.to_vec(), Some(opts))).await?.count())
 }
 
 /// The first election key under `prefix` whose lease is still alive.

@@ -5,9 +5,7 @@ use mirror_core::{ErrorClass, Op, Phase};
 use mirror_scan::{ChunkCutter, ChunkedScan, Cycle, Scanner};
 use tracing::info;
 
-use super::{
-    EngineError, ReconnectCause, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT,
-};
+use super::{EngineError, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
 
 impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
@@ -79,12 +77,7 @@ impl Run<'_> {
                 // Applied between chunks: a rate at once; a pause or new connection settings
                 // stop the scan, which resumes after its cursor.
                 _ = super::tail::reload_changed(&mut self.engine.reload) => {
-                    if self.engine.adopt_reload() {
-                        return Err(EngineError::Reconnect(ReconnectCause::ConnectionSettingsReloaded));
-                    }
-                    if self.engine.cfg.paused {
-                        return Err(EngineError::Paused);
-                    }
+                    self.engine.apply_reload()?;
                     continue;
                 }
             };

@@ -268,6 +268,19 @@ impl Engine {
         }
     }
 
+    /// Adopts the latest reloaded config inside a running link: new connection settings end
+    /// the run with a reconnect, `paused = true` with [`EngineError::Paused`]; anything else
+    /// applies in place.
+    pub(super) fn apply_reload(&mut self) -> Result<(), EngineError> {
+        if self.adopt_reload() {
+            return Err(EngineError::Reconnect(super::ReconnectCause::ConnectionSettingsReloaded));
+        }
+        if self.cfg.paused {
+            return Err(EngineError::Paused);
+        }
+        Ok(())
+    }
+
     /// Adopts the latest reloaded config; true when it changed how a side is reached
     /// (endpoints, TLS, auth), which takes a reconnect.
     ///

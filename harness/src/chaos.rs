@@ -254,7 +254,14 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         agent: "a".into(),
     });
     s.step_with(
-        &kinds::Churn { ops, rate: CHURN_RATE, keyspace: 3_000, value_size: 100, prefix: "churn/".into() },
+        &kinds::Churn {
+            ops,
+            rate: CHURN_RATE,
+            keyspace: 3_000,
+            value_size: 100,
+            prefix: "churn/".into(),
+            leases: true,
+        },
         "background = true\n",
     );
     while s.seconds < duration.as_secs_f64() && !faults.is_empty() {
@@ -297,6 +304,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         leases_match: None,
         target_leases_gone: Vec::new(),
         target_leases_alive: Vec::new(),
+        log_once: Vec::new(),
         agent: id.clone(),
         timeout: HumanDuration::secs(180),
     });

@@ -13,6 +13,8 @@
 //! - [`pki`]: a throwaway CA with server and client certificates; [`ClusterSpec::tls`] makes a
 //!   cluster serve them and require client certificates.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
+//! - [`promtool`](mod@promtool): the alert rules in deploy/prometheus under `promtool`, with a
+//!   unit test made from healthy agents' scrapes.
 //! - [`demo`]: the main job on an embedded default, with progress and a live tail view.
 //! - [`scenario`]: scenario files (SPEC §8) and their runner, and the waits, counts and checks
 //!   scenario tests share; [`chaos`]: random fault schedules written as scenario files;
@@ -37,6 +39,7 @@ mod plan;
 pub mod plot;
 mod ports;
 mod process;
+pub mod promtool;
 mod proxy;
 pub mod scenario;
 

@@ -132,7 +132,7 @@ async fn a_standby_whose_connect_fails_still_takes_over() {
     record.agent_id = "someone-else".into();
     // Written as a record of the first v1 shape (without `commit` and `range`), which every
     // agent reads.
-    let mut json: serde_json::Value = serde_json::from_slice(&record.encode()).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&record.encode().unwrap()).unwrap();
     json.as_object_mut().unwrap().retain(|k, _| k != "commit" && k != "range");
     root.put(key, serde_json::to_vec(&json).unwrap(), None).await.unwrap();
     agent.wait_for("standby", Duration::from_secs(30), |s| s.phase == Phase::Standby).await.unwrap();

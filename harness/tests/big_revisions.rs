@@ -163,3 +163,29 @@ async fn a_key_created_inside_a_coalesced_range_survives() {
     assert!(log.contains("coalesced into range deletes"), "the revision was never over the limit");
     assert!(log.contains("appeared inside a coalesced delete range"), "the guard never failed:\n{log}");
 }
+
+/// The counter the tests above rely on, against a history written by hand: of five revisions
+/// after `before`, two touch only the checkpoint, one puts a key (together with the
+/// checkpoint), one deletes a key, one deletes and puts in one Txn: three data revisions.
+#[tokio::test]
+async fn data_revisions_counts_puts_and_deletes_but_not_the_checkpoint() {
+    let cluster = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let mut c = cluster.client().await.unwrap();
+    let checkpoint = b"/t/__mirror/checkpoint".to_vec();
+    c.put("/t/old", "v", None).await.unwrap();
+    c.put(checkpoint.clone(), "0", None).await.unwrap();
+    let before = current_revision(&mut c).await.unwrap();
+    c.put(checkpoint.clone(), "1", None).await.unwrap();
+    let both = vec![TxnOp::put("/t/new", "v", None), TxnOp::put(checkpoint.clone(), "2", None)];
+    c.txn(Txn::new().and_then(both)).await.unwrap();
+    c.put(checkpoint.clone(), "3", None).await.unwrap();
+    c.delete("/t/old", None).await.unwrap();
+    let swap = vec![TxnOp::delete("/t/new", None), TxnOp::put("/t/newer", "v", None)];
+    c.txn(Txn::new().and_then(swap)).await.unwrap();
+    let after = current_revision(&mut c).await.unwrap();
+    assert_eq!(after - before, 5);
+    let moved = scenario::data_revisions(&mut c, "/t/", &checkpoint, before, after).await.unwrap();
+    assert_eq!(moved, 3);
+    // One revision past `before` is counted without a read.
+    assert_eq!(scenario::data_revisions(&mut c, "/t/", &checkpoint, before, before + 1).await.unwrap(), 1);
+}

@@ -83,10 +83,16 @@ async fn drain_mode_daemon_reports_cutover() {
     let (source, target) = pair().await;
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/dr/", 800, 16).await.unwrap();
-    let cfg = scenario::fast_config(&source, &target, "drain", "/dr/").top("mode = \"drain\"");
+    // The periodic pass off: the drain's verification is a mandatory pass and publishes the
+    // counts and its time all the same (reference #35).
+    let cfg = scenario::fast_config(&source, &target, "drain", "/dr/")
+        .top("mode = \"drain\"")
+        .with("[reconcile]\ninterval = \"0s\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent.wait_for("drained", SYNC_TIMEOUT, |s| s.phase == Phase::Drained).await.unwrap();
     assert!(status.condition(mirror_core::ConditionType::CutoverReady), "{status:#?}");
+    assert!(status.condition(mirror_core::ConditionType::InvariantsHeld), "{status:#?}");
+    assert_eq!((status.source_keys, status.target_keys), (Some(800), Some(800)));
     assert_eq!(status.role, "primary");
     let block = status.cutover.expect("cutover block");
     assert_eq!((block.source_keys, block.target_keys), (800, 800));
@@ -140,6 +146,77 @@ async fn cutover_sees_deletes_after_the_drain() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("kept changing") && stderr.contains("deleted"), "{stderr}");
+}
+
+/// Someone else keeps writing into the target range during the drain: the one repair pass
+/// cannot make the sides equal, so the cutover refuses with `DrainVerificationFailed` (exit 1)
+/// and the target is not promoted.
+#[tokio::test]
+async fn cutover_refuses_when_the_target_keeps_changing_under_it() {
+    let (source, target) = pair().await;
+    let (_src, cfg) = synced_then_stopped(&source, &target, "intruded", "/in/", 200).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let intruder = {
+        let mut dst = target.client().await.unwrap();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.is_cancelled() {
+                for i in 0..5 {
+                    dst.put(format!("/in/intruder-{i}"), round.to_string(), None).await.unwrap();
+                }
+                round += 1;
+            }
+            round
+        })
+    };
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    stop.cancel();
+    let rounds = intruder.await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("DrainVerificationFailed"), "{text}");
+    assert!(rounds > 0);
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(checkpoint(&mut dst, &cfg).await.role, Role::Mirror, "not promoted");
+}
+
+/// The source goes away the moment the target is promoted: the cutover cannot check it for
+/// writes after the drained revision, says so, and exits 5; the target stays primary. (The
+/// source is reached through a proxy that delays it 200 ms, so the post-promotion check is
+/// still dialling when the cut lands.)
+#[tokio::test]
+async fn cutover_that_cannot_check_the_source_exits_5() {
+    let (mut source, target) = pair().await;
+    let (_src, cfg) = synced_then_stopped(&source, &target, "unchecked", "/uc/", 100).await;
+    let proxy = harness::FaultProxy::start(source.node(0).client_addr()).await.unwrap();
+    proxy.delay(Duration::from_millis(200));
+    let mut via = cfg.clone().overlay("[sync]\ndial_timeout = \"1s\"\nrequest_timeout = \"2s\"");
+    via.source = vec![proxy.endpoint()];
+
+    let mut dst = target.client().await.unwrap();
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    let mut stream = dst.watch(key, None).await.unwrap();
+    let cutter = tokio::spawn(async move {
+        while let Some(resp) = stream.message().await.unwrap() {
+            let promoted = resp
+                .events()
+                .iter()
+                .filter_map(|e| e.kv())
+                .any(|kv| Checkpoint::decode(kv.value()).is_ok_and(|c| c.role == Role::Primary));
+            if promoted {
+                proxy.cut();
+                return proxy;
+            }
+        }
+        panic!("the checkpoint watch ended before a promotion");
+    });
+    let out = agent_command(&via, "cutover", &["--wait"]).await.unwrap();
+    let _proxy = cutter.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("could not check the source"), "{stderr}");
+    assert_eq!(checkpoint(&mut dst, &cfg).await.role, Role::Primary);
 }
 
 /// `keys` keys under `prefix`, mirrored by a daemon that then stops: the link is synced and no

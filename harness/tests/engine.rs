@@ -238,9 +238,14 @@ async fn a_rebuilt_source_is_a_forced_resync_with_prune() {
 
 /// Excluded prefixes are cut out of every Get window: the source's request log (every range
 /// request is logged with `--experimental-warning-apply-duration=1ns`) never shows a Get that
-/// starts inside an excluded prefix, and no excluded key reaches the target.
+/// starts inside an excluded prefix, and no excluded key reaches the target. With
+/// `overwrite_and_prune` (reference #15) the prune sweep reads through the same windows, and it
+/// deletes an orphan of the range but never a target key under the excluded prefix.
+#[rstest::rstest]
+#[case::require_empty("require_empty")]
+#[case::overwrite_and_prune("overwrite_and_prune")]
 #[tokio::test]
-async fn excluded_prefixes_are_never_fetched() {
+async fn excluded_prefixes_are_never_fetched(#[case] mode: &str) {
     let source = EtcdCluster::start(
         ClusterSpec::new(EtcdVersion::V3_5_1).arg("--experimental-warning-apply-duration=1ns"),
     )
@@ -248,20 +253,27 @@ async fn excluded_prefixes_are_never_fetched() {
     .unwrap();
     let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
     let mut src = source.client().await.unwrap();
+    let mut dst = target.client().await.unwrap();
     load_keys(&mut src, "/x/keep/", 500, 8).await.unwrap();
     load_keys(&mut src, "/x/secret/", 500, 8).await.unwrap();
     load_keys(&mut src, "/x/zz/", 500, 8).await.unwrap();
+    let prune = mode == "overwrite_and_prune";
+    if prune {
+        dst.put("/x/secret/target-only", "kept", None).await.unwrap();
+        dst.put("/x/orphan", "pruned", None).await.unwrap();
+    }
     let cfg = fast_progress(AgentConfig::new("excl", source.endpoints(), target.endpoints(), "/x/"))
-        .with("exclude_prefixes = [\"secret/\"]\npage_key_limit = 100");
+        .with("exclude_prefixes = [\"secret/\"]\npage_key_limit = 100")
+        .with(&format!("[initial_sync]\nmode = {mode:?}"));
     let agent = AgentProcess::start(&cfg).await.unwrap();
     synced(&agent).await;
     src.put("/x/secret/live", "no", None).await.unwrap();
     src.put("/x/keep/live", "yes", None).await.unwrap();
     caught_up(&agent, &mut src).await;
-    let mut dst = target.client().await.unwrap();
-    assert_eq!(count(&mut dst, "/x/secret/").await, 0);
+    assert_eq!(count(&mut dst, "/x/secret/").await, i64::from(prune), "only the target's own key");
     assert_eq!(count(&mut dst, "/x/keep/").await, 501);
     assert_eq!(count(&mut dst, "/x/zz/").await, 500);
+    assert_eq!(count(&mut dst, "/x/orphan").await, 0);
     let log = source.nodes_log();
     let gets: Vec<&str> = log.lines().filter(|l| l.contains("read-only range")).collect();
     assert!(gets.len() > 10, "expected the source to log the agent's Gets ({} found)", gets.len());
@@ -309,9 +321,16 @@ async fn fence_overlap_rejects_stale_writer() {
 }
 
 /// A revision whose bytes exceed the target's request limit fails permanently, key redacted,
-/// revision, op count and bytes named, nothing of it applied; earlier revisions landed.
+/// revision, op count and bytes named, nothing of it applied; earlier revisions landed. Both
+/// byte bands (upstream #16), each with its own cause in the message: 20 x 8 KiB is over the
+/// target's `--max-request-bytes` (64 KiB) and etcd refuses it ("request is too large"); 20 x
+/// 40 KiB is also over the gRPC receive limit etcd derives from it (+ 512 KiB), and gRPC
+/// refuses it before etcd sees it ("larger than max").
+#[rstest::rstest]
+#[case::etcd_request_limit(8 << 10, "request is too large")]
+#[case::grpc_receive_limit(40 << 10, "larger than max")]
 #[tokio::test]
-async fn oversized_revision_fails_permanently_unapplied() {
+async fn oversized_revision_fails_permanently_unapplied(#[case] value_bytes: usize, #[case] cause: &str) {
     let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
     let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--max-request-bytes=65536"))
         .await
@@ -323,7 +342,7 @@ async fn oversized_revision_fails_permanently_unapplied() {
     agent.wait_for("syncing", SYNC_TIMEOUT, |s| s.phase == Phase::Syncing).await.unwrap();
     src.put("/b/small", "1", None).await.unwrap();
     let ops: Vec<etcd_client::TxnOp> = (0..20)
-        .map(|i| etcd_client::TxnOp::put(format!("/b/secret-name-{i:02}"), vec![b'v'; 8 << 10], None))
+        .map(|i| etcd_client::TxnOp::put(format!("/b/secret-name-{i:02}"), vec![b'v'; value_bytes], None))
         .collect();
     let big = src.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
     let revision = big.header().unwrap().revision();
@@ -332,6 +351,7 @@ async fn oversized_revision_fails_permanently_unapplied() {
     assert_eq!(err.class, mirror_core::ErrorClass::Permanent);
     assert_eq!(err.reason, "RevisionTooLarge");
     assert!(err.message.contains(&format!("source revision {revision} (20 ops")), "{}", err.message);
+    assert!(err.message.contains(cause), "the cause is named: {}", err.message);
     assert!(err.message.contains("/b/…"), "key must be shown redacted: {}", err.message);
     assert!(!err.message.contains("secret-name"), "key must not leak: {}", err.message);
     assert!(!agent.log().contains("secret-name"), "logs must not leak the key");
@@ -387,7 +407,7 @@ async fn duplicate_replay_is_idempotent() {
     let mut record =
         mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
     record.watermark = start;
-    dst.put(cp, record.encode(), None).await.unwrap();
+    dst.put(cp, record.encode().unwrap(), None).await.unwrap();
     agent.restart().await.unwrap();
     caught_up(&agent, &mut src).await;
     assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { .. }));

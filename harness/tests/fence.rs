@@ -134,6 +134,38 @@ async fn a_retried_commit_that_had_landed_is_adopted() {
     assert_eq!(direct.get("/f/first", None).await.unwrap().kvs().len(), 1);
 }
 
+/// The same lost answer on the drain's last commit, the one that turns the role to `primary`
+/// (upstream #21, DrainRoleFlip): the retry adopts the promotion that landed instead of calling
+/// it a fence violation (the stored record's role differs from the writer's last one).
+#[tokio::test]
+async fn a_promotion_whose_answer_was_lost_is_adopted() {
+    let Fixture { target, key, timeout, .. } = setup(Duration::from_secs(1)).await;
+    let (proxies, through) = through_proxy(&target).await;
+    let mut writer =
+        FencedWriter::claim(through.kv_client(), key.clone(), Observed::Absent, record(10), timeout)
+            .await
+            .unwrap();
+    proxies.delay(Duration::from_millis(1_500));
+    let promoted = writer.record().promoted();
+    let first = writer.commit(Vec::new(), Some(promoted.clone())).await;
+    assert!(matches!(first, Err(FenceError::Etcd(_))), "the answer is lost: {first:?}");
+    let mut kv = target.client().await.unwrap().kv_client();
+    let started = tokio::time::Instant::now();
+    loop {
+        let stored = read_checkpoint(&mut kv, &key, Duration::from_secs(5)).await.unwrap();
+        if matches!(&stored, Observed::Present { record, .. } if record.role == Role::Primary) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the promotion never landed: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxies.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let retried = writer.commit(Vec::new(), Some(promoted)).await;
+    assert!(retried.is_ok(), "the retry adopts the landed promotion: {retried:?}");
+    assert_eq!((writer.record().role, writer.record().watermark), (Role::Primary, 10));
+}
+
 /// A claim planned from a read that the running writer has since moved past fails with
 /// `Raced` (the engine plans again from a fresh read) instead of writing its stale plan: it
 /// used to retry with the old record and rewind the checkpoint below data already applied

@@ -163,7 +163,10 @@ async fn the_image_runs_as_the_manifest_runs_it() {
     let uid = proc_status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert_eq!(uid.split_whitespace().nth(1), Some(d.run_as_user.to_string().as_str()), "{uid}");
 
-    // Writes while running are mirrored; then SIGTERM exits 0.
+    // Writes while running are mirrored, and the container's own /metrics counts them; then
+    // SIGTERM exits 0.
+    let applied_before = sample(&http, &url, "etcd_mirror_keys_applied_total").await;
+    assert!(applied_before >= 3_000.0, "the scan's 3 000 keys are counted: {applied_before}");
     load_keys(&mut src, "/img/later-", 500, 64).await.unwrap();
     let rev = scenario::current_revision(&mut src).await.unwrap();
     let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
@@ -179,6 +182,9 @@ async fn the_image_runs_as_the_manifest_runs_it() {
     let rewriter = config.parsed().unwrap().rewriter();
     let mut dst = target.client().await.unwrap();
     assert_eq!(difference_now(&mut src, &mut dst, &rewriter).await.unwrap(), None);
+    let applied_after = sample(&http, &url, "etcd_mirror_keys_applied_total").await;
+    assert!(applied_after >= applied_before + 500.0, "{applied_before} -> {applied_after}");
+    assert!(sample(&http, &url, "etcd_mirror_watermark").await >= rev as f64);
 
     docker(&["stop", "--time", "30", &id]);
     assert_eq!(inspect(&id, "{{.State.ExitCode}}"), "0", "{}", docker(&["logs", &id]));
@@ -188,6 +194,14 @@ async fn the_image_runs_as_the_manifest_runs_it() {
         logs.lines().any(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
         "--log-format json gives JSON lines:\n{logs}"
     );
+}
+
+/// The value of the unlabelled sample `name` in the agent's `/metrics`.
+async fn sample(http: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = http.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+    let value = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok());
+    value.unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{text}"))
 }
 
 /// Removes the container, also when the test fails.

@@ -1,5 +1,6 @@
 //! Other links beside ours: a link nested in our destination range must survive our prune, and
-//! a link that mirrors our target back into our source must be refused before any write.
+//! a link that mirrors our target back into our source must be refused before any write, and so
+//! must an endpoint list that mixes two clusters, and a source below etcd 3.4.
 
 use etcd_client::GetOptions;
 use harness::scenario::{self, caught_up, synced, SYNC_TIMEOUT};
@@ -71,4 +72,48 @@ async fn reverse_link_is_refused_before_any_write() {
     assert!(err.message.contains("\"ab\""), "names the other link: {}", err.message);
     assert!(status.condition(mirror_core::ConditionType::DirectionConflict));
     assert_eq!(scenario::current_revision(&mut xc).await.unwrap(), before, "BA wrote nothing into X");
+}
+
+/// A source endpoint list that names members of two clusters (a copy-paste slip) is refused
+/// at connect with `MixedClusters`, naming the odd endpoint, before anything is read or written.
+#[tokio::test]
+async fn endpoints_of_two_clusters_are_refused() {
+    let (source, target) = scenario::pair().await.unwrap();
+    let stray = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let mut endpoints = source.endpoints();
+    endpoints.extend(stray.endpoints());
+    let cfg = AgentConfig::new("mixed", endpoints, target.endpoints(), "/mx/").with(scenario::FAST_SYNC_TOML);
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = status.last_error.clone().expect("a last error");
+    assert_eq!(err.reason, "MixedClusters", "{err:?}");
+    assert!(err.message.contains(&stray.endpoints()[0]), "names the odd endpoint: {}", err.message);
+    let mut dst = target.client().await.unwrap();
+    let written = dst.get("", Some(GetOptions::new().with_from_key().with_count_only())).await.unwrap();
+    assert_eq!(written.count(), 0, "nothing written to the target");
+}
+
+/// A source below etcd 3.4 is refused at connect with `VersionUnsupported`, naming the
+/// endpoint and its version, before anything is written. No such server is at hand: a 3.5.30
+/// member poses as 3.3.30 through a proxy that rewrites its version string.
+#[tokio::test]
+async fn a_source_below_3_4_is_refused_at_connect() {
+    let (mut source, target) = scenario::pair().await.unwrap();
+    let old = harness::FaultProxy::start_rewriting(source.node(0).client_addr(), b"3.5.30", b"3.3.30")
+        .await
+        .unwrap();
+    let cfg = AgentConfig::new("too-old", vec![old.endpoint()], target.endpoints(), "/old/")
+        .with(scenario::FAST_SYNC_TOML);
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = status.last_error.clone().expect("a last error");
+    assert_eq!(
+        (err.class, err.reason.as_str()),
+        (mirror_core::ErrorClass::Permanent, "VersionUnsupported"),
+        "{err:?}"
+    );
+    assert!(err.message.contains("3.3.30") && err.message.contains(&old.endpoint()), "{}", err.message);
+    let mut dst = target.client().await.unwrap();
+    let written = dst.get("", Some(GetOptions::new().with_from_key().with_count_only())).await.unwrap();
+    assert_eq!(written.count(), 0, "nothing written to the target");
 }

@@ -105,3 +105,30 @@ async fn target_leader_killed_during_live_churn() {
     assert_eq!(status.forced_resyncs.count, 0, "a leader loss is not a resync");
     target.node(leader).start().await.unwrap();
 }
+
+/// A learner in each side's endpoint list (a member being added, as kubeadm does): the agent
+/// reports it (`learner` in status, `LearnerEndpoint` True), never sends it a read or a write
+/// (a learner refuses them), and mirrors churn through the voting member with G3 held.
+#[tokio::test]
+async fn learner_endpoints_are_reported_and_left_out() {
+    let (mut source, mut target) = scenario::pair().await.unwrap();
+    source.add_learner().await.unwrap();
+    target.add_learner().await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/l/", 2_000, 64).await.unwrap();
+
+    let cfg = scenario::fast_config(&source, &target, "learners", "/l/");
+    assert_eq!(cfg.parsed().unwrap().source.endpoints.len(), 2, "the learner is configured");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = synced(&agent).await.unwrap();
+    assert!(status.source.learner && status.target.learner, "{status:?}");
+    assert!(status.condition(mirror_core::ConditionType::LearnerEndpoint), "{status:?}");
+
+    let churn = Churn::new("/l/", 1_000, 200, 2_500).seed(7).spawn(src.clone());
+    churn.await.unwrap().unwrap();
+    caught_up(&agent, &mut src).await.unwrap();
+    let status = agent.status().await.unwrap();
+    assert!(status.last_error.is_none(), "no RPC failed on a learner: {:?}", status.last_error);
+    assert_eq!(status.forced_resyncs.count, 0);
+    assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { .. }));
+}

@@ -278,7 +278,7 @@ async fn fence_bump_during_pass_aborts_cleanly() {
         mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
     record.epoch = 9;
     record.agent_id = "newer-agent".into();
-    let bump = dst.put(cp, record.encode(), None).await.unwrap().header().unwrap().revision();
+    let bump = dst.put(cp, record.encode().unwrap(), None).await.unwrap().header().unwrap().revision();
 
     let status = agent.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
     assert!(status.condition(mirror_core::ConditionType::Fenced), "{status:#?}");
@@ -297,33 +297,86 @@ async fn fence_bump_during_pass_aborts_cleanly() {
     assert!(left > 0, "the pass was interrupted, so some damage remains");
 }
 
+/// A link synced over 200 keys under `prefix`, its agent stopped, and its checkpoint record
+/// rewritten by `edit` (a cluster id that no longer matches what it mirrors).
+struct Edited {
+    _clusters: (EtcdCluster, EtcdCluster),
+    src: Client,
+    dst: Client,
+    cfg: AgentConfig,
+    agent: AgentProcess,
+    /// The record as the agent left it.
+    original: mirror_fence::Checkpoint,
+}
+
+async fn synced_then_checkpoint_edited(
+    link: &str,
+    prefix: &str,
+    edit: impl FnOnce(&mut mirror_fence::Checkpoint),
+) -> Edited {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, prefix, 200, 8).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, link, prefix);
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent.terminate().await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    let original = stored_checkpoint(&mut dst, &cfg).await;
+    let mut record = original.clone();
+    edit(&mut record);
+    dst.put(cfg.parsed().unwrap().checkpoint_key(), record.encode().unwrap(), None).await.unwrap();
+    Edited { _clusters: (source, target), src, dst, cfg, agent, original }
+}
+
+async fn stored_checkpoint(dst: &mut Client, cfg: &AgentConfig) -> mirror_fence::Checkpoint {
+    let resp = dst.get(cfg.parsed().unwrap().checkpoint_key(), None).await.unwrap();
+    mirror_fence::Checkpoint::decode(resp.kvs()[0].value()).unwrap()
+}
+
+/// Restarts the agent of `e` and waits until it fails on the non-empty target, having written
+/// nothing.
+async fn restart_refuses_writing_nothing(e: &mut Edited) -> mirror_core::Status {
+    let before = scenario::current_revision(&mut e.dst).await.unwrap();
+    e.agent.restart().await.unwrap();
+    let status = e.agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert!(status.condition(mirror_core::ConditionType::EmptyTargetViolation), "{status:#?}");
+    assert_eq!(scenario::current_revision(&mut e.dst).await.unwrap(), before, "nothing may be written");
+    status
+}
+
 /// A stored target cluster id that differs from the connected target (a restored or rebuilt
 /// target) forces a fresh genesis with `require_empty` re-armed: a non-empty target is refused
 /// and nothing is written.
 #[tokio::test]
 async fn changed_target_cluster_id_rearms_require_empty() {
-    let (source, target) = pair().await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/cid/", 200, 8).await.unwrap();
-    let cfg = scenario::fast_config(&source, &target, "cid", "/cid/");
-    let mut agent = AgentProcess::start(&cfg).await.unwrap();
-    synced(&agent).await;
-    agent.terminate().await.unwrap();
-
     // Pretend the target was restored from a backup of another cluster: same data, same
     // checkpoint, but the stored cluster id no longer matches.
-    let mut dst = target.client().await.unwrap();
-    let cp = cfg.parsed().unwrap().checkpoint_key();
-    let mut record =
-        mirror_fence::Checkpoint::decode(dst.get(cp.clone(), None).await.unwrap().kvs()[0].value()).unwrap();
-    record.target_cluster_id ^= 1;
-    dst.put(cp, record.encode(), None).await.unwrap();
-    let before = scenario::current_revision(&mut dst).await.unwrap();
+    let mut e = synced_then_checkpoint_edited("cid", "/cid/", |r| r.target_cluster_id ^= 1).await;
+    restart_refuses_writing_nothing(&mut e).await;
+}
 
-    agent.restart().await.unwrap();
-    let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
-    assert!(status.condition(mirror_core::ConditionType::EmptyTargetViolation), "{status:#?}");
-    assert_eq!(scenario::current_revision(&mut dst).await.unwrap(), before, "nothing may be written");
+/// The source side of the same rule (reference #13, #131): a stored *source* cluster id that
+/// differs from the connected source (the source was rebuilt) forces a fresh genesis with
+/// `require_empty` re-armed and `InitialSyncComplete` reset, writing nothing; restarted with
+/// `overwrite_and_prune`, the link converges (an orphan pruned) and the checkpoint is bound to
+/// the clusters it now mirrors.
+#[tokio::test]
+async fn changed_source_cluster_id_rearms_require_empty_and_a_prune_converges() {
+    let mut e = synced_then_checkpoint_edited("scid", "/scid/", |r| r.source_cluster_id ^= 1).await;
+    e.dst.put("/scid/orphan", "only on the target", None).await.unwrap();
+    let status = restart_refuses_writing_nothing(&mut e).await;
+    assert!(!status.condition(mirror_core::ConditionType::InitialSyncComplete), "{status:#?}");
+    e.agent.terminate().await.unwrap();
+
+    let prune = e.cfg.clone().with("[initial_sync]\nmode = \"overwrite_and_prune\"");
+    let agent = AgentProcess::start(&prune).await.unwrap();
+    synced(&agent).await;
+    let rewriter = prune.parsed().unwrap().rewriter();
+    assert_eq!(harness::difference_now(&mut e.src, &mut e.dst, &rewriter).await.unwrap(), None);
+    let record = stored_checkpoint(&mut e.dst, &e.cfg).await;
+    let ids = |r: &mirror_fence::Checkpoint| (r.source_cluster_id, r.target_cluster_id);
+    assert_eq!(ids(&record), ids(&e.original));
 }
 
 /// Issue #20 defect 9: `lease_backed_keys` says how many keys of the range carry a lease now,

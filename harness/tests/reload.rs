@@ -1,5 +1,6 @@
-//! SIGHUP: live fields apply, fields that define the link are refused, restart-only fields say
-//! so (docs/configuration.md has the column).
+//! SIGHUP: live fields apply, fields that define the link are refused, restart-only, next-run
+//! and next-genesis fields say so (docs/configuration.md has the column, mirror_core::Applies
+//! the rule, and a test in mirror-core holds one to the other).
 
 use std::time::Duration;
 
@@ -34,8 +35,11 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
     assert_eq!(scenario::count_prefix(&mut dst, "/hup/after-refusal").await.unwrap(), 1);
 
     // Applied: 20 target ops per second from now on. Restart-only: http.listen, whose change
-    // is logged while the rest applies and the status stays where it was.
-    let paced = base.clone().with("max_ops_per_second = 20").overlay("[http]\nlisten = \"127.0.0.1:1\"");
+    // is logged while the rest applies and the status stays where it was. Next run and next
+    // genesis: named in a warning, the rest applies.
+    let paced = base.clone().with("max_ops_per_second = 20").overlay(
+        "[http]\nlisten = \"127.0.0.1:1\"\n[sync]\nmax_txn_ops = 64\n[initial_sync]\nmode = \"overwrite\"",
+    );
     agent.reload(paced).unwrap();
     while !agent.log().contains("max_ops_per_second=20") {
         assert!(tokio::time::Instant::now() < deadline, "no reload logged:\n{}", agent.log());
@@ -43,6 +47,8 @@ async fn sighup_applies_rates_and_refuses_prefix_changes() {
     }
     let log = agent.log();
     assert!(log.contains("http.listen applies only at restart") && log.contains("127.0.0.1:1"), "{log}");
+    assert!(log.contains("sync.max_txn_ops: the running values stay until the next run"), "{log}");
+    assert!(log.contains("initial_sync.mode: read only when an initial sync is planned"), "{log}");
     assert_eq!(agent.status().await.unwrap().link_uid, "hup", "still served on the running address");
     // Three rounds of 20 one-key revisions: each round lands (status shows what the target
     // holds), then pacing holds the next Txn for 20 ops / 20 per s = 1 s; the third round cannot

@@ -159,6 +159,39 @@ async fn insecure_skip_verify_mirrors_without_a_ca() {
     );
 }
 
+/// A side with TLS and no `ca_file` verifies the server against the system's roots (reference
+/// #93): with the target's CA as the system bundle (`SSL_CERT_FILE`, which the native-roots
+/// loader reads instead of the platform store) the agent mirrors; with another CA there, the
+/// handshake is refused (`TlsRejected`), so the roots are really the ones checked.
+#[tokio::test]
+async fn without_a_ca_file_the_system_roots_verify_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let (dst_pki, target) = tls_cluster(dir.path(), "target", Validity::default()).await;
+    let other = Pki::generate(&dir.path().join("other"), "other", Validity::default()).unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/roots/", 50, 8).await.unwrap();
+    let client_only = format!(
+        "[target.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        dst_pki.path(pki::CLIENT_CERT),
+        dst_pki.path(pki::CLIENT_KEY)
+    );
+    let with_roots = |link: &str, ca: std::path::PathBuf| {
+        scenario::fast_config(&source, &target, link, "/roots/")
+            .with(&client_only)
+            .env("SSL_CERT_FILE", &ca.display().to_string())
+            .env("SSL_CERT_DIR", &dir.path().join("no-such-dir").display().to_string())
+    };
+
+    let message = fails_with(&with_roots("roots-other", other.path(pki::CA)), "TlsRejected").await;
+    assert!(message.contains("not signed by a CA") && message.contains("system's CA roots"), "{message}");
+
+    let cfg = with_roots("roots-system", dst_pki.path(pki::CA));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 50, .. }));
+}
+
 /// Waits until the agent reports `want` as the target's client certificate expiry.
 async fn wait_client_expiry(agent: &AgentProcess, want: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

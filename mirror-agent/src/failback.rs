@@ -94,7 +94,7 @@ async fn plan(config: &Config, watermark: i64, out: &Path) -> Result<String, Fai
         .min()
         .map_or(mirror_core::UNKNOWN_VERSION, |(_, v)| v);
     let trusted = sync.trust_progress_notify.trusts(lowest);
-    let client = connect_to(Side::Target, &config.target, sync, &probe.reachable_endpoints()).await?;
+    let client = connect_to(Side::Target, &config.target, sync, &probe.serving_endpoints()).await?;
     let rewriter = config.rewriter();
     let range = rewriter.target_range();
     let head = unary(

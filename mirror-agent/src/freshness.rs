@@ -112,10 +112,70 @@ impl Freshness {
     }
 }
 
+/// How long before a TLS certificate's `notAfter` the log warns, as the alert
+/// `EtcdMirrorTlsCertExpiringSoon` does (deploy/prometheus/alerts.yaml): 14 days.
+pub const CERT_WARNING_LEAD: Duration = Duration::from_secs(14 * 86_400);
+
+/// The log's side of the certificate lead window: each loaded certificate file (side, kind,
+/// `notAfter`) that is within [`CERT_WARNING_LEAD`] of expiring, or expired, is reported once
+/// per process; a rotated file (another `notAfter`) in the window is reported again. Read from
+/// the status once a second, so a link connected long ago still warns when its window opens.
+#[derive(Debug, Default)]
+pub struct CertWarnings {
+    said: std::collections::BTreeSet<(&'static str, String, i64)>,
+}
+
+impl CertWarnings {
+    /// The warnings not said yet at `now`.
+    pub fn due(&mut self, s: &Status, now: SystemTime) -> Vec<String> {
+        let now = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let lead = CERT_WARNING_LEAD.as_secs() as i64;
+        let mut out = Vec::new();
+        for (side, info) in [("source", &s.source), ("target", &s.target)] {
+            for cert in info.tls_cert_expiry.iter().filter(|c| c.not_after - now < lead) {
+                if self.said.insert((side, cert.kind.clone(), cert.not_after)) {
+                    let left = cert.not_after - now;
+                    out.push(if left <= 0 {
+                        format!("the {side} TLS {} certificate has expired; rotate it", cert.kind)
+                    } else {
+                        format!(
+                            "the {side} TLS {} certificate expires in {:.1} days; rotate it",
+                            cert.kind,
+                            left as f64 / 86_400.0
+                        )
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mirror_core::tls::CertExpiry;
     use mirror_core::LastReconcile;
+
+    /// Upstream #115: 60 days out is silent, inside the window warns once, a rotated file
+    /// inside the window warns again, an expired one says so.
+    #[test]
+    fn a_certificate_in_its_lead_window_is_warned_of_once() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let at = |days: i64| 2_000_000_000 + days * 86_400;
+        let mut s = Status::default();
+        s.source.tls_cert_expiry = vec![CertExpiry { kind: "client".into(), not_after: at(60) }];
+        let mut warnings = CertWarnings::default();
+        assert!(warnings.due(&s, t0).is_empty(), "60 days out");
+        let day = Duration::from_secs(86_400);
+        let first = warnings.due(&s, t0 + day * 53);
+        assert_eq!(first, ["the source TLS client certificate expires in 7.0 days; rotate it"]);
+        assert!(warnings.due(&s, t0 + day * 54).is_empty(), "said once");
+        s.source.tls_cert_expiry[0].not_after = at(57);
+        assert_eq!(warnings.due(&s, t0 + day * 54).len(), 1, "a new certificate in the window");
+        s.target.tls_cert_expiry = vec![CertExpiry { kind: "ca".into(), not_after: at(1) }];
+        assert_eq!(warnings.due(&s, t0 + day * 54), ["the target TLS ca certificate has expired; rotate it"]);
+    }
 
     fn rule() -> Freshness {
         Freshness {

@@ -1,6 +1,7 @@
 //! `/statusz`, `/metrics`, `/healthz`, `/readyz`.
 
 use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -32,10 +33,10 @@ pub async fn serve(
                 let registry = registry.clone();
                 async move {
                     (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
+                        [
+                            (CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                            (CACHE_CONTROL, "no-store"),
+                        ],
                         crate::metrics::encode(&registry),
                     )
                 }
@@ -45,10 +46,12 @@ pub async fn serve(
     let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
 }
 
+/// The status as JSON, never to be cached: a proxy or browser showing an old snapshot would
+/// show a healthy link that is not (or the reverse).
 async fn statusz(State(status): State<StatusHandle>) -> impl IntoResponse {
     let mut snapshot = status.read().expect("status lock").clone();
     snapshot.read_memory();
-    Json(snapshot)
+    ([(CACHE_CONTROL, "no-store")], Json(snapshot))
 }
 
 /// 200 unless connecting or failed (SPEC §7).

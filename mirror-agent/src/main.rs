@@ -35,7 +35,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use mirror_core::{Config, ConfigError, Status};
+use mirror_core::{Applies, Config, ConfigError, Status};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -262,7 +262,8 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
     })
 }
 
-/// SIGHUP: re-read the file; apply fields that can change live, refuse the rest whole.
+/// SIGHUP: re-read the file; refuse it whole if a field that defines the link changed, else
+/// apply it, naming the fields that wait for a later point ([`Applies`]).
 ///
 /// `http.listen` is restart-only: the listener is bound once. A reload that changes it in the
 /// file says so and applies the rest; the running address (or the `--listen` override) stays.
@@ -280,25 +281,29 @@ fn reload(
         }
     };
     let configured_listen = std::mem::replace(&mut new.http.listen, current.http.listen.clone());
-    let immutable: [(&str, bool); 8] = [
-        ("link_uid", new.link_uid != current.link_uid),
-        ("source.prefix", new.source.prefix != current.source.prefix),
-        ("target.prefix", new.target.prefix != current.target.prefix),
-        ("sync.dest_prefix", new.sync.dest_prefix != current.sync.dest_prefix),
-        ("sync.exclude_prefixes", new.sync.exclude_prefixes != current.sync.exclude_prefixes),
-        ("checkpoint.key", new.checkpoint.key != current.checkpoint.key),
-        // The target leases are granted (or not) for the whole run.
-        ("sync.leases", new.sync.leases != current.sync.leases),
-        // Campaigning or not is decided once, at start (`Engine::run`).
-        ("ha.enabled", new.ha.enabled != current.ha.enabled),
-    ];
-    let changed: Vec<&str> = immutable.iter().filter(|(_, c)| *c).map(|(f, _)| *f).collect();
-    if !changed.is_empty() {
+    // What each field's change does is mirror_core::Applies (docs/configuration.md's SIGHUP
+    // column, held to it by a test). http.listen is left out of the comparison: the running
+    // address may be the --listen override, and its own rule follows.
+    let changes = mirror_core::sort_changes(current, &new);
+    let fields = |when: Applies| changes.get(&when).map(|f| f.join(", "));
+    if let Some(refused) = fields(Applies::Refused) {
         error!(
-            fields = %changed.join(", "),
+            fields = %refused,
             "reload refused, config unchanged: these fields cannot change while running (they define the link); restart with a new link instead"
         );
         return;
+    }
+    if let Some(later) = fields(Applies::NextRun) {
+        warn!(
+            fields = %later,
+            "{later}: the running values stay until the next run (a reconnect, forced resync or restart); the rest of the reload applies"
+        );
+    }
+    if let Some(later) = fields(Applies::NextGenesis) {
+        warn!(
+            fields = %later,
+            "{later}: read only when an initial sync is planned (first start or forced resync); the rest of the reload applies"
+        );
     }
     if configured_listen != *file_listen {
         warn!(
@@ -388,19 +393,29 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 /// Refreshes the lag figures and the staleness rule once a second, independently of the engine,
-/// so a wedged engine loop shows as `ReplicationLagExceeded` instead of looking healthy.
+/// so a wedged engine loop shows as `ReplicationLagExceeded` instead of looking healthy; and
+/// logs once each TLS certificate that enters its lead window ([`freshness::CertWarnings`]).
 async fn freshness_watchdog(
     status: engine::StatusHandle,
     config: tokio::sync::watch::Receiver<mirror_core::Config>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut certs = freshness::CertWarnings::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let rule = freshness::Freshness::of(&config.borrow());
-        freshness::refresh(&mut status.write().expect("status lock"), std::time::SystemTime::now(), &rule);
+        let now = std::time::SystemTime::now();
+        let due = {
+            let mut s = status.write().expect("status lock");
+            freshness::refresh(&mut s, now, &rule);
+            certs.due(&s, now)
+        };
+        for warning in due {
+            warn!("{warning}");
+        }
     }
 }

@@ -207,7 +207,7 @@ impl Default for SyncSection {
             exclude_prefixes: Vec::new(),
             max_txn_ops: 128,
             txn_flush_bytes: ByteSize(1 << 20),
-            page_key_limit: 512,
+            page_key_limit: 4096,
             page_bytes: ByteSize(1 << 20),
             watch_buffer_bytes: ByteSize(16 << 20),
             max_ops_per_second: 0,

@@ -87,7 +87,7 @@ pub async fn connect_reachable(
     sync: &SyncSection,
 ) -> Result<Client, EtcdError> {
     let probe = probe_members(side, cfg, sync).await?;
-    connect_to(side, cfg, sync, &probe.reachable_endpoints()).await
+    connect_to(side, cfg, sync, &probe.serving_endpoints()).await
 }
 
 /// [`connect()`] to `endpoints` only (those a [`probe_members`] found answering): requests are
@@ -194,18 +194,21 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// The endpoints that answered, in configured order.
-    pub fn reachable_endpoints(&self) -> Vec<String> {
-        self.members.iter().map(|m| m.endpoint.clone()).collect()
+    /// The endpoints to connect to, in configured order: those that answered, learners left
+    /// out (a learner refuses linearizable reads, watches and writes, so a balancer that sent
+    /// it one would fail that request).
+    pub fn serving_endpoints(&self) -> Vec<String> {
+        self.members.iter().filter(|m| !m.learner).map(|m| m.endpoint.clone()).collect()
     }
 }
 
 /// Asks every endpoint of a side for its Maintenance Status, all at once and each over its own
 /// connection, so a learner or a member of another cluster hiding behind the balancer is seen.
-/// The side is usable while any endpoint answers and its cluster has a leader: one member
-/// down (or being restarted) is listed in [`Probe::unreachable`], not an error. With no
+/// The side is usable while any voting endpoint answers and its cluster has a leader: one
+/// member down (or being restarted) is listed in [`Probe::unreachable`], not an error. With no
 /// endpoint answering, the first endpoint's error is returned (a TLS or auth refusal there is
-/// what the operator must fix); with no leader, a transient `NoLeader`.
+/// what the operator must fix); with no leader, or only learners answering, a transient
+/// `NoLeader`.
 pub async fn probe_members(side: Side, cfg: &SideConfig, sync: &SyncSection) -> Result<Probe, EtcdError> {
     let tls = load_tls(side, cfg)?;
     let asks = cfg.endpoints.iter().map(|url| probe_one(side, cfg, sync, url, tls.as_ref()));
@@ -228,16 +231,20 @@ pub async fn probe_members(side: Side, cfg: &SideConfig, sync: &SyncSection) -> 
     if probe.members.is_empty() {
         return Err(first_error.expect("at least one endpoint is configured"));
     }
+    let answering = probe.members.len();
+    let no_writer = |why: String| EtcdError {
+        op: "status",
+        side,
+        fault: Fault::NoLeader,
+        source: etcd_client::Error::IoError(std::io::Error::other(format!("{side}: {why}"))),
+    };
+    if probe.members.iter().all(|m| m.learner) {
+        return Err(no_writer(format!(
+            "only learners answer ({answering}); a learner serves no reads or writes"
+        )));
+    }
     if !has_leader {
-        return Err(EtcdError {
-            op: "status",
-            side,
-            fault: Fault::NoLeader,
-            source: etcd_client::Error::IoError(std::io::Error::other(format!(
-                "{side}: {} endpoint(s) answer but none knows a leader",
-                probe.members.len()
-            ))),
-        });
+        return Err(no_writer(format!("{answering} endpoint(s) answer but none knows a leader")));
     }
     Ok(probe)
 }

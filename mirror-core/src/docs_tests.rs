@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::condition::ConditionType;
 use crate::config::Config;
 use crate::error::ErrorClass;
+use crate::reload::Applies;
 use crate::status::{CutoverStatus, ExcludedKeys, HaStatus, LastError, LastReconcile, Status};
 use crate::testing::MINIMAL_CONFIG;
 use crate::tls::CertExpiry;
@@ -35,19 +36,6 @@ fn rows(text: &str) -> Vec<(Vec<String>, Vec<String>)> {
         .collect()
 }
 
-/// Dotted paths of the leaves of a TOML value, with each leaf as TOML writes it.
-fn toml_leaves(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
-    match value {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                toml_leaves(&path, v, out);
-            }
-        }
-        leaf => drop(out.insert(prefix.to_owned(), leaf.to_string())),
-    }
-}
-
 /// Dotted paths of the leaves of a JSON value; arrays, empty objects and nulls are leaves.
 fn json_leaves(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
     match value {
@@ -62,10 +50,7 @@ fn json_leaves(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<Strin
 }
 
 fn config_leaves(text: &str) -> BTreeMap<String, String> {
-    let config = Config::from_toml_str(text).expect("parses");
-    let mut out = BTreeMap::new();
-    toml_leaves("", &toml::Value::try_from(&config).expect("serializes"), &mut out);
-    out
+    crate::reload::leaves(&Config::from_toml_str(text).expect("parses"))
 }
 
 /// The minimal config with every optional table present, a password included: every field.
@@ -111,6 +96,17 @@ fn every_config_field_is_listed_with_its_default() {
     let unknown: Vec<_> = listed.difference(&fields).collect();
     assert!(missing.is_empty(), "config fields missing from docs/configuration.md: {missing:?}");
     assert!(unknown.is_empty(), "docs/configuration.md lists fields the config does not have: {unknown:?}");
+}
+
+/// The SIGHUP column is what the agent does ([`Applies::of`], which its reload follows).
+#[test]
+fn the_sighup_column_is_what_a_reload_does() {
+    for (names, cells) in rows(section("Config file")) {
+        for name in names {
+            let applies = Applies::of(&name).unwrap_or_else(|| panic!("{name}: no reload rule"));
+            assert_eq!(cells[3], applies.as_str(), "SIGHUP column of {name} in docs/configuration.md");
+        }
+    }
 }
 
 #[test]
@@ -207,4 +203,34 @@ fn the_upstream_coverage_table_cites_tests_that_exist() {
         }
     }
     assert!(missing.is_empty(), "docs/upstream-coverage.md cites what does not exist: {missing:?}");
+}
+
+/// The table's totals line counts its rows, and every row's status is one the legend defines.
+#[test]
+fn the_upstream_coverage_totals_count_the_rows() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let table = std::fs::read_to_string(root.join("docs/upstream-coverage.md")).unwrap();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut rows = 0;
+    for line in table.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // `| # | reference test | checks | status | covered by |`: a numbered row.
+        if cells.len() > 5 && cells[1].parse::<u32>().is_ok() {
+            rows += 1;
+            *counts.entry(cells[4]).or_default() += 1;
+        }
+    }
+    assert_eq!(rows, 141, "the reference has 141 tests");
+    let known = ["yes", "differs", "partial", "no", "n/a"];
+    assert!(counts.keys().all(|k| known.contains(k)), "unknown status in {counts:?}");
+    let count = |k: &str| counts.get(k).copied().unwrap_or(0);
+    let totals = format!(
+        "{} yes, {} differs, {} partial, {} no, {} n/a, of 141.",
+        count("yes"),
+        count("differs"),
+        count("partial"),
+        count("no"),
+        count("n/a")
+    );
+    assert!(table.contains(&totals), "the totals line should read {totals:?}");
 }

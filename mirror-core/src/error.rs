@@ -235,6 +235,18 @@ impl EtcdError {
     pub fn class(&self) -> ErrorClass {
         self.fault.class()
     }
+
+    /// The fault and the server's own words, for a refusal's message: one fault can come from
+    /// two places (a request over etcd's `--max-request-bytes` is refused by etcd, "request is
+    /// too large"; one also over the gRPC receive limit etcd derives from it, by gRPC, "larger
+    /// than max"), and the operator should see which. Server messages of these faults carry
+    /// sizes and limits, never keys or values.
+    pub fn said(&self) -> String {
+        match &self.source {
+            etcd_client::Error::GRpcStatus(status) => format!("{:?}: {}", self.fault, status.message()),
+            other => format!("{:?}: {other}", self.fault),
+        }
+    }
 }
 
 #[cfg(test)]

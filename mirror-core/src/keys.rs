@@ -68,6 +68,12 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The smallest key greater than `key`: `key` followed by a zero byte. A range starting here
+/// resumes strictly after `key`; a range ending here (exclusive) ends with `key` included.
+pub fn key_after(key: &[u8]) -> Vec<u8> {
+    [key, &[0u8]].concat()
+}
+
 /// Sorts relative exclude prefixes and drops those nested under another (and duplicates).
 pub fn normalize_excludes<'a>(excludes: impl IntoIterator<Item = &'a [u8]>) -> Vec<Vec<u8>> {
     let mut all: Vec<Vec<u8>> = excludes.into_iter().map(<[u8]>::to_vec).collect();

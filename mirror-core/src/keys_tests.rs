@@ -97,7 +97,32 @@ fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(frag, 0..6).prop_map(|parts| parts.concat())
 }
 
+/// The key after `k` is `k` and a zero byte: the empty key's successor is `[0]`, a key ending
+/// in 0xff gets no carry (that is `prefix_end`'s job, a different bound).
+#[test]
+fn key_after_appends_a_zero_byte() {
+    assert_eq!(key_after(b"/a/x"), b"/a/x\0".to_vec());
+    assert_eq!(key_after(b""), vec![0]);
+    assert_eq!(key_after(b"a\xff"), b"a\xff\0".to_vec());
+    assert!(key_after(b"/a/") < prefix_end(b"/a/"));
+}
+
 proptest! {
+    /// `key_after(k)` is the immediate successor of `k` in etcd's byte order: greater than `k`,
+    /// and no key lies strictly between (every key above `k` is at or above it).
+    #[test]
+    fn key_after_is_the_immediate_successor(k in key_strategy(), other in key_strategy()) {
+        let next = key_after(&k);
+        prop_assert!(next > k);
+        if other > k {
+            prop_assert!(other >= next);
+        }
+        let longer = [&k[..], &other[..]].concat();
+        if longer > k {
+            prop_assert!(longer >= next, "a key extending k is at or after its successor");
+        }
+    }
+
     /// Distinct in-scope source keys never share a target key, and the inverse recovers them.
     #[test]
     fn rewrite_is_injective_on_scope(a in key_strategy(), b in key_strategy()) {

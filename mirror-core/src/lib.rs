@@ -35,6 +35,7 @@ mod error;
 mod keys;
 mod op;
 mod pager;
+mod reload;
 mod shell;
 mod side;
 mod status;
@@ -55,9 +56,12 @@ pub use connect::{
     read_password, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
-pub use keys::{normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER};
+pub use keys::{
+    key_after, normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER,
+};
 pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
+pub use reload::{changed_fields, sort_changes, Applies};
 pub use shell::{delete_commands, shell_quote};
 pub use status::{
     now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,

@@ -86,7 +86,7 @@ impl Op {
             // The agent resolves every run before it writes; as an op it is its range.
             Op::DeleteRun { key, last, .. } => TxnOp::delete(
                 key.clone(),
-                Some(etcd_client::DeleteOptions::new().with_range([last.as_slice(), &[0]].concat())),
+                Some(etcd_client::DeleteOptions::new().with_range(crate::keys::key_after(last))),
             ),
         }
     }

@@ -9,11 +9,6 @@
 //! prefix (an order-preserving map), densities are measured there, and the stride halves when a
 //! probe counted more than four pages and doubles when it held less than one.
 //!
-//! A read-ahead reader ([`Stride::within_a_page`]) aims each probe at about half a page
-//! instead, so most answers hold their whole window and the next windows can be asked for
-//! before the answer is back (narrower when a probe counted more than a page, wider when it
-//! held under a quarter of one).
-//!
 //! Correctness never depends on the estimate: a probe end is only ever strictly after `from` and
 //! at most the window's end, and a reader continues from the probe end once a probe is drained.
 
@@ -26,33 +21,18 @@ pub struct Stride {
     prefix: Vec<u8>,
     end: Vec<u8>,
     span: Option<u128>,
-    /// Keys a probe aims at, in quarters of a page: 8 (two pages) for a sliding reader, 2
-    /// (half a page) for a read-ahead one.
-    quarters: u128,
 }
 
 impl Stride {
     /// A stride over `[start, end)`; `end == [0]` means "to the end of the keyspace".
     pub fn new(start: &[u8], end: &[u8]) -> Stride {
         let common = start.iter().zip(end).take_while(|(a, b)| a == b).count();
-        Stride { prefix: start[..common].to_vec(), end: end.to_vec(), span: None, quarters: 8 }
+        Stride { prefix: start[..common].to_vec(), end: end.to_vec(), span: None }
     }
 
     /// The stride of `window`, or an inert one when there is no window left.
     pub fn for_window(window: Option<&crate::KeyRange>) -> Stride {
         window.map_or_else(|| Stride::new(&[], &[0]), |w| Stride::new(&w.start, &w.end))
-    }
-
-    /// Probes aimed at half a page, for a reader that asks for the next windows before the
-    /// answer to this one is back: most answers then hold their whole window.
-    pub fn within_a_page(mut self) -> Stride {
-        self.quarters = 2;
-        self
-    }
-
-    /// Whether a key density has been learned (until then a probe is the whole window).
-    pub fn knows_density(&self) -> bool {
-        self.span.is_some()
     }
 
     fn unbounded(&self) -> bool {
@@ -95,15 +75,16 @@ impl Stride {
                 let (Some(a), Some(b)) = (self.project(first), self.project(last)) else { return };
                 if returned >= 2 && b > a {
                     let per_key = ((b - a) / (returned as u128 - 1)).max(1);
-                    self.span = Some(per_key.saturating_mul(limit * self.quarters / 4).max(1));
+                    // A probe aims at two pages.
+                    self.span = Some(per_key.saturating_mul(limit * 2).max(1));
                 }
             }
             Some(span) => {
-                // Narrower above twice the aim, wider at or below half of it.
-                let quarters = count.max(0) as u128 * 4;
-                if quarters > limit * self.quarters * 2 {
+                // Narrower above twice the aim (four pages), wider at or below half of it.
+                let count = count.max(0) as u128;
+                if count > limit * 4 {
                     self.span = Some((span / 2).max(1));
-                } else if quarters * 2 <= limit * self.quarters {
+                } else if count <= limit {
                     self.span = Some(span.saturating_mul(2));
                 }
             }
@@ -148,27 +129,6 @@ mod tests {
         assert_eq!(s.span, Some(span / 2), "a probe that counted 100 pages narrows");
         s.learn(None, None, 10, 10, 100);
         assert_eq!(s.span, Some(span), "a probe that held less than a page widens");
-    }
-
-    /// A read-ahead stride aims at half a page: it narrows above one page and widens at or
-    /// below a quarter of one.
-    #[test]
-    fn a_read_ahead_stride_aims_under_a_page() {
-        let key = |i: u32| format!("/a/key-{i:08}").into_bytes();
-        let mut sliding = Stride::new(b"/a/", b"/a0");
-        let mut ahead = Stride::new(b"/a/", b"/a0").within_a_page();
-        assert!(!ahead.knows_density());
-        sliding.learn(Some(&key(0)), Some(&key(99)), 100, 1_000, 100);
-        ahead.learn(Some(&key(0)), Some(&key(99)), 100, 1_000, 100);
-        assert!(ahead.knows_density());
-        assert_eq!(ahead.span.unwrap() * 4, sliding.span.unwrap(), "half a page against two");
-        let span = ahead.span.unwrap();
-        ahead.learn(None, None, 100, 101, 100);
-        assert_eq!(ahead.span, Some(span / 2), "over a page narrows");
-        ahead.learn(None, None, 25, 25, 100);
-        assert_eq!(ahead.span, Some(span), "a quarter of a page widens");
-        ahead.learn(None, None, 60, 60, 100);
-        assert_eq!(ahead.span, Some(span), "half a page is the aim");
     }
 
     proptest! {

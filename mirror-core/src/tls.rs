@@ -255,7 +255,7 @@ pub fn hint(side: Side, err: &rustls::Error) -> String {
     use rustls::{AlertDescription as A, CertificateError as C};
     match err {
         rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
-            format!("the server's certificate is not signed by a CA in {side}.tls.ca_file")
+            format!("the server's certificate is not signed by a CA in {side}.tls.ca_file (without one: the system's CA roots)")
         }
         rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => format!(
             "the server's certificate is not valid for the name checked: {side}.tls.server_name, or the endpoint's host when that is empty"
@@ -298,6 +298,48 @@ mod tests {
         assert_eq!(err.field, "source.tls.ca_file");
         assert!(err.message.contains("cannot read"), "{err}");
         assert!(expiry(&missing).is_empty());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn self_signed_until(year: i32) -> String {
+        let mut params = rcgen::CertificateParams::new(vec![format!("until-{year}")]).unwrap();
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
+        params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap().pem()
+    }
+
+    /// The gauge's inputs: only the files configured, a bundle by its earliest `notAfter`
+    /// (whatever its order), and a file gone from disk drops its series.
+    #[test]
+    fn expiry_reports_configured_files_and_a_bundles_earliest() {
+        let dir = std::env::temp_dir().join(format!("mirror-core-expiry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = |year: i32| rcgen::date_time_ymd(year, 1, 1).unix_timestamp();
+        let bundle = dir.join("bundle.pem");
+        std::fs::write(
+            &bundle,
+            format!("{}{}{}", self_signed_until(2040), self_signed_until(2031), self_signed_until(2035)),
+        )
+        .unwrap();
+        let client = dir.join("client.pem");
+        std::fs::write(&client, self_signed_until(2033)).unwrap();
+
+        assert!(expiry(&Tls::default()).is_empty(), "no TLS files, no series");
+        let ca_only = Tls { ca_file: Some(bundle.clone()), ..Tls::default() };
+        assert_eq!(expiry(&ca_only), [CertExpiry { kind: "ca".into(), not_after: at(2031) }]);
+        let both = Tls { ca_file: Some(bundle.clone()), cert_file: Some(client.clone()), ..Tls::default() };
+        assert_eq!(
+            expiry(&both),
+            [
+                CertExpiry { kind: "ca".into(), not_after: at(2031) },
+                CertExpiry { kind: "client".into(), not_after: at(2033) }
+            ]
+        );
+        // The key file is configured but is not a certificate: never a series of its own.
+        let with_key = Tls { key_file: Some(client.clone()), ..ca_only.clone() };
+        assert_eq!(expiry(&with_key).len(), 1);
+
+        std::fs::remove_file(&bundle).unwrap();
+        assert_eq!(expiry(&both), [CertExpiry { kind: "client".into(), not_after: at(2033) }]);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

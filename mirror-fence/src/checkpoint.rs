@@ -120,8 +120,34 @@ const FIELDS: &[&str] = &[
 ];
 
 impl Checkpoint {
-    /// Encodes as compact JSON v1.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The rules of a record beyond its JSON shape, which [`Checkpoint::decode`] refuses a
+    /// stored record for breaking, so [`Checkpoint::encode`] never writes one that breaks them
+    /// (every agent of the link, this one included, would then fail closed on it).
+    pub fn check(&self) -> Result<(), DecodeError> {
+        if self.link_uid.is_empty() {
+            return Err(invalid("link_uid", "is empty"));
+        }
+        if self.epoch == 0 {
+            return Err(invalid("epoch", "must be >= 1"));
+        }
+        if self.watermark < 0 {
+            return Err(invalid("watermark", "must be a non-negative integer"));
+        }
+        if !self.scanning && !self.scan_cursor.is_empty() {
+            return Err(invalid("scan_cursor", "is set although scanning is false"));
+        }
+        for (field, time) in [
+            ("confirmed_time", &self.confirmed_time),
+            ("initial_sync_completed", &self.initial_sync_completed),
+        ] {
+            check_time(field, time)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes as compact JSON v1; refuses a record that breaks [`Checkpoint::check`].
+    pub fn encode(&self) -> Result<Vec<u8>, DecodeError> {
+        self.check()?;
         let mut value = serde_json::json!({
             "v": VERSION,
             "link_uid": self.link_uid,
@@ -154,7 +180,7 @@ impl Checkpoint {
         if !self.excludes.is_empty() {
             value["excludes"] = self.excludes.iter().map(|p| Value::from(B64.encode(p))).collect();
         }
-        serde_json::to_vec(&value).expect("a JSON value always serialises")
+        Ok(serde_json::to_vec(&value).expect("a JSON value always serialises"))
     }
 
     /// Decodes a stored record, refusing anything not exactly v1.
@@ -173,13 +199,7 @@ impl Checkpoint {
             return Err(invalid("v", format!("version {v} is not supported (this agent reads {VERSION})")));
         }
         let link_uid = r.str("link_uid")?;
-        if link_uid.is_empty() {
-            return Err(invalid("link_uid", "is empty"));
-        }
         let epoch = r.u64("epoch")?;
-        if epoch == 0 {
-            return Err(invalid("epoch", "must be >= 1"));
-        }
         let role = match r.str("role")?.as_str() {
             "mirror" => Role::Mirror,
             "primary" => Role::Primary,
@@ -191,10 +211,7 @@ impl Checkpoint {
         let scan_cursor = B64
             .decode(r.str("scan_cursor")?)
             .map_err(|e| invalid("scan_cursor", format!("not base64: {e}")))?;
-        if !scanning && !scan_cursor.is_empty() {
-            return Err(invalid("scan_cursor", "is set although scanning is false"));
-        }
-        Ok(Checkpoint {
+        let record = Checkpoint {
             link_uid,
             epoch,
             role,
@@ -207,13 +224,24 @@ impl Checkpoint {
             agent_id: r.str("agent_id")?,
             commit: r.optional_str("commit")?,
             range: r.optional_str("range")?,
-            confirmed_time: r.optional_time("confirmed_time")?,
+            confirmed_time: r.optional_str("confirmed_time")?,
             forced_resyncs: r.optional_u64("forced_resyncs")?,
             scan_restarts: r.optional_u64("scan_restarts")?,
-            initial_sync_completed: r.optional_time("initial_sync_completed")?,
+            initial_sync_completed: r.optional_str("initial_sync_completed")?,
             excludes: r.optional_prefixes("excludes")?,
-        })
+        };
+        record.check()?;
+        Ok(record)
     }
+}
+
+/// An optional RFC 3339 time: empty, or it must parse.
+fn check_time(field: &'static str, time: &str) -> Result<(), DecodeError> {
+    if !time.is_empty() {
+        humantime::parse_rfc3339_weak(time)
+            .map_err(|e| invalid(field, format!("{time:?} is not an RFC 3339 time: {e}")))?;
+    }
+    Ok(())
 }
 
 /// A valid record of `link` at `epoch` and `role`, for the crate's unit tests.
@@ -290,16 +318,6 @@ impl Reader<'_> {
             None => Ok(0),
             Some(_) => self.u64(field),
         }
-    }
-
-    /// An optional RFC 3339 time: absent reads as empty; present, it must parse.
-    fn optional_time(&self, field: &'static str) -> Result<String, DecodeError> {
-        let s = self.optional_str(field)?;
-        if !s.is_empty() {
-            humantime::parse_rfc3339_weak(&s)
-                .map_err(|e| invalid(field, format!("{s:?} is not an RFC 3339 time: {e}")))?;
-        }
-        Ok(s)
     }
 
     /// Cluster ids are 64-bit and written as decimal strings, because JSON numbers lose

@@ -27,7 +27,7 @@ fn sample() -> Checkpoint {
 }
 
 fn sample_json() -> Value {
-    serde_json::from_slice(&sample().encode()).unwrap()
+    serde_json::from_slice(&sample().encode().unwrap()).unwrap()
 }
 
 /// The encoding has exactly the fields of SPEC §6, cluster ids as decimal strings.
@@ -90,7 +90,7 @@ proptest! {
     /// decode(encode(c)) == c for every valid record.
     #[test]
     fn round_trip(c in arb_checkpoint()) {
-        prop_assert_eq!(Checkpoint::decode(&c.encode()).unwrap(), c);
+        prop_assert_eq!(Checkpoint::decode(&c.encode().unwrap()).unwrap(), c);
     }
 }
 
@@ -194,7 +194,7 @@ fn the_counts_are_optional_and_checked() {
             ..sample()
         }
     );
-    let again: Value = serde_json::from_slice(&old.encode()).unwrap();
+    let again: Value = serde_json::from_slice(&old.encode().unwrap()).unwrap();
     for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed", "excludes"] {
         assert!(again.get(field).is_none(), "{field}: {again}");
     }
@@ -220,6 +220,29 @@ fn confirmed_time_is_optional() {
     v.as_object_mut().unwrap().remove("confirmed_time");
     let old = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(old, Checkpoint { confirmed_time: String::new(), ..sample() });
-    let again: Value = serde_json::from_slice(&old.encode()).unwrap();
+    let again: Value = serde_json::from_slice(&old.encode().unwrap()).unwrap();
     assert!(again.get("confirmed_time").is_none(), "{again}");
+}
+
+/// A record that decode would refuse is never written: encode refuses it, naming the field.
+#[rstest]
+#[case::empty_link("link_uid", |c: &mut Checkpoint| c.link_uid.clear())]
+#[case::epoch_zero("epoch", |c: &mut Checkpoint| c.epoch = 0)]
+#[case::negative_watermark("watermark", |c: &mut Checkpoint| c.watermark = -1)]
+#[case::cursor_without_scan("scan_cursor", |c: &mut Checkpoint| {
+    c.scanning = false;
+    c.scan_cursor = b"/k".to_vec();
+})]
+#[case::bad_confirmed_time("confirmed_time", |c: &mut Checkpoint| c.confirmed_time = "yesterday".into())]
+#[case::bad_completion_time("initial_sync_completed", |c: &mut Checkpoint| {
+    c.initial_sync_completed = "soon".into();
+})]
+fn encode_refuses_what_decode_would(#[case] field: &str, #[case] spoil: fn(&mut Checkpoint)) {
+    let mut record = sample();
+    record.encode().expect("the sample is valid");
+    spoil(&mut record);
+    match record.encode() {
+        Err(DecodeError::Invalid { field: named, .. }) => assert_eq!(named, field),
+        other => panic!("{field}: expected a refusal, got {other:?}"),
+    }
 }

@@ -61,6 +61,10 @@ pub enum FenceError {
     /// The checkpoint cannot be decoded; fail closed.
     #[error("checkpoint is corrupt: {0}")]
     Corrupt(#[from] DecodeError),
+    /// This writer built a record that breaks the record's rules ([`crate::Checkpoint::check`]);
+    /// nothing was written (every agent would have refused the stored record).
+    #[error("refusing to write an invalid checkpoint record: {0}")]
+    InvalidRecord(DecodeError),
     /// A claim lost a race to a writer that moved the replication state (watermark, scan, ...)
     /// the claim was planned from: plan again from a fresh read. Claiming anyway with the old
     /// plan would rewind the checkpoint below data the other writer had already applied.
@@ -109,6 +113,7 @@ impl FenceError {
             FenceError::Raced => "FenceRaced",
             FenceError::GuardFailed => "GuardFailed",
             FenceError::Corrupt(_) => "CorruptCheckpoint",
+            FenceError::InvalidRecord(_) => "InvalidCheckpointRecord",
             FenceError::Etcd(_) => "EtcdError",
             FenceError::TooManyOps(_) => "RevisionTooLarge",
         }

@@ -129,7 +129,7 @@ impl FencedWriter {
             races += 1;
             may_claim(&observed, &record)?;
             record.commit = next_commit_id(&nonce);
-            let bytes = record.encode();
+            let bytes = record.encode().map_err(FenceError::InvalidRecord)?;
             let txn =
                 guarded(&key, observed.mod_revision(), vec![TxnOp::put(key.clone(), bytes.clone(), None)]);
             let resp = unary("claim fence", Side::Target, timeout, kv.txn(txn)).await?;
@@ -144,7 +144,7 @@ impl FencedWriter {
             }
             observed = read_checkpoint(&mut kv, &key, timeout).await?;
             if let Observed::Present { record: stored, mod_revision, create_revision } = &observed {
-                if stored.encode() == bytes {
+                if stored.encode().is_ok_and(|stored| stored == bytes) {
                     // Our own earlier attempt landed.
                     let revisions = (*mod_revision, *create_revision);
                     return Ok(FencedWriter::holding(kv, key, revisions, record, timeout, nonce));
@@ -271,7 +271,8 @@ impl FencedWriter {
             };
             n
         });
-        let next_bytes = next.as_ref().map(Checkpoint::encode);
+        let next_bytes =
+            next.as_ref().map(Checkpoint::encode).transpose().map_err(FenceError::InvalidRecord)?;
         let mut all = self.lay_out(ops, usize::from(next_bytes.is_some()))?;
         if let Some(bytes) = &next_bytes {
             if !failpoint::drop_checkpoint_put() {

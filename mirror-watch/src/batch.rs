@@ -127,6 +127,25 @@ mod tests {
         Revision { revision: r, ops }
     }
 
+    /// A split keeps every revision whole, in order, one batch each, with an empty revision
+    /// (all its events excluded) kept too: the retry after the target refused the merged Txn
+    /// as too big commits the same revisions, and each batch's watermark is its revision.
+    #[test]
+    fn split_keeps_revisions_whole_and_in_order() {
+        let merged = Batch {
+            revisions: vec![
+                rev(3, vec![put("a", 1), put("b", 1)]),
+                rev(4, vec![]),
+                rev(5, vec![put("c", 1)]),
+            ],
+        };
+        let parts = merged.clone().split();
+        assert_eq!(parts.iter().map(Batch::last_revision).collect::<Vec<_>>(), vec![3, 4, 5]);
+        assert!(parts.iter().all(|b| b.revisions.len() == 1));
+        let rejoined: Vec<Revision> = parts.into_iter().flat_map(|b| b.revisions).collect();
+        assert_eq!(rejoined, merged.revisions);
+    }
+
     /// A revision that would pass max_txn_ops - 1 starts a new batch.
     #[test]
     fn flushes_on_op_limit_keeping_a_checkpoint_slot() {

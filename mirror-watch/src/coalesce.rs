@@ -49,7 +49,7 @@ impl<'a> Coalescer<'a> {
     /// The target range to read: from the first deleted key to the last, inclusive.
     pub fn span(&self) -> KeyRange {
         let last = self.deletes[self.deletes.len() - 1];
-        KeyRange { start: self.deletes[0].to_vec(), end: [last, &[0u8]].concat() }
+        KeyRange { start: self.deletes[0].to_vec(), end: mirror_core::key_after(last) }
     }
 
     /// The next key the target holds in [`Coalescer::span`], in increasing order.
@@ -94,7 +94,7 @@ impl<'a> Coalescer<'a> {
             1 => self.out.push(Op::Delete { key: self.run.pop().expect("one") }),
             _ => {
                 let key = self.run.first().expect("two").clone();
-                let end = [self.run.last().expect("two").as_slice(), &[0u8]].concat();
+                let end = mirror_core::key_after(self.run.last().expect("two"));
                 self.out.push(Op::DeleteRange { key, end });
                 self.run.clear();
             }
@@ -111,7 +111,7 @@ mod tests {
     }
 
     fn range(a: &str, last: &str) -> Op {
-        Op::DeleteRange { key: a.as_bytes().to_vec(), end: [last.as_bytes(), &[0u8]].concat() }
+        Op::DeleteRange { key: a.as_bytes().to_vec(), end: mirror_core::key_after(last.as_bytes()) }
     }
 
     fn coalesce(ops: &[Op], target: &[&str]) -> Option<Vec<Op>> {

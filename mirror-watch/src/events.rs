@@ -201,6 +201,45 @@ mod tests {
         assert_eq!(more, vec![run("a", "g", 7)]);
     }
 
+    /// One response's events come out grouped by revision, in order, keys rewritten: revisions
+    /// at or below the floor are dropped (a replayed duplicate), an out-of-scope key is dropped
+    /// but its revision stays, empty (the watermark still moves past it), and a leased put is
+    /// counted.
+    #[test]
+    fn events_are_grouped_by_revision_above_the_floor() {
+        use etcd_client::proto::{PbEvent, PbKeyValue, PbWatchResponse};
+        let (put, del) = (0, 1);
+        let ev = |kind: i32, key: &str, mod_revision: i64, lease: i64| PbEvent {
+            r#type: kind,
+            kv: Some(PbKeyValue {
+                key: key.into(),
+                value: b"v".to_vec(),
+                mod_revision,
+                lease,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let events = vec![
+            ev(put, "/a/old", 3, 0),
+            ev(put, "/a/x", 4, 0),
+            ev(del, "/a/y", 4, 0),
+            ev(put, "/elsewhere", 5, 0),
+            ev(put, "/a/z", 6, 7),
+        ];
+        let resp = etcd_client::WatchResponse(PbWatchResponse { events, ..Default::default() });
+        let rewriter = KeyRewriter::new(b"/a/", b"/b/", []);
+        let out = convert_events(resp.events(), &rewriter, 3, HELD_DELETE_BYTES);
+        let target_put = |k: &str, lease| Op::Put { key: k.into(), value: b"v".to_vec(), lease };
+        let want = vec![
+            Revision { revision: 4, ops: vec![target_put("/b/x", 0), Op::Delete { key: b"/b/y".to_vec() }] },
+            Revision { revision: 5, ops: vec![] },
+            Revision { revision: 6, ops: vec![target_put("/b/z", 7)] },
+        ];
+        assert_eq!(out.revisions, want);
+        assert_eq!(out.leased, 1);
+    }
+
     /// A revision spanning fragments comes out whole and once; one that ends with its fragment
     /// is held only until the next shows it did; a last piece releases everything.
     #[test]

@@ -7,13 +7,15 @@
 //! while such a pass runs, a [`Forwarder`] task reads the watch into a [`ReplayBuffer`] bounded
 //! by `watch_buffer_bytes`, and the pass asks [`Forwarder::ended`] between its writes: when the
 //! buffer is full (or the watch ends) it stops early rather than let the watch fall behind.
-//! Afterwards the buffered revisions are applied in order, as the genesis replay is.
+//! Afterwards the buffered revisions are applied in order, as the genesis replay is; the
+//! genesis replay itself is applied while the task reads on ([`Forwarder::take`]), since
+//! replaying a long sweep's backlog takes seconds too.
 //!
 //! Memory: the buffer's limit, never the pass's length.
 
 use etcd_client::{WatchRequestSender, WatchResponse, WatchResponseStream};
 use mirror_core::{ErrorClass, Fault, KeyRewriter};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::{Fragments, Overflow, ReplayBuffer, Revision};
@@ -84,11 +86,15 @@ impl Intake {
 
 type Returned = (WatchResponseStream, Intake, Result<(), ForwardError>);
 
+/// A request for what the task buffered so far.
+type Take = oneshot::Sender<Vec<Revision>>;
+
 /// A watch being read into a replay buffer by a task of its own.
 #[derive(Debug)]
 pub struct Forwarder {
     task: JoinHandle<Returned>,
     stop: oneshot::Sender<()>,
+    takes: mpsc::Sender<Take>,
     sender: WatchRequestSender,
 }
 
@@ -97,9 +103,21 @@ impl Forwarder {
     /// already taken.
     pub fn start(watch: Watch, limit: usize, rewriter: KeyRewriter, floor: i64) -> Forwarder {
         let (stop, stopped) = oneshot::channel();
+        let (takes, taken) = mpsc::channel(1);
         let intake = Intake { buffer: ReplayBuffer::new(limit), fragments: watch.fragments, rewriter, floor };
-        let task = tokio::spawn(forward(watch.stream, intake, stopped));
-        Forwarder { task, stop, sender: watch.sender }
+        let task = tokio::spawn(forward(watch.stream, intake, stopped, taken));
+        Forwarder { task, stop, takes, sender: watch.sender }
+    }
+
+    /// The whole revisions buffered so far, in order, while the task reads on (the buffer's
+    /// bytes start again from zero); empty once the task has ended ([`Forwarder::stop`] says
+    /// why). A revision still arriving in fragments stays until its last piece.
+    pub async fn take(&self) -> Vec<Revision> {
+        let (reply, answer) = oneshot::channel();
+        if self.takes.send(reply).await.is_err() {
+            return Vec::new();
+        }
+        answer.await.unwrap_or_default()
     }
 
     /// Whether the task stopped by itself (a full buffer, a compacted or broken watch): the
@@ -119,15 +137,21 @@ impl Forwarder {
     }
 }
 
-/// Reads the watch into the intake until told to stop or forwarding fails.
+/// Reads the watch into the intake until told to stop or forwarding fails; hands out what it
+/// holds when asked.
 async fn forward(
     mut stream: WatchResponseStream,
     mut intake: Intake,
     mut stopped: oneshot::Receiver<()>,
+    mut takes: mpsc::Receiver<Take>,
 ) -> Returned {
     loop {
         let msg = tokio::select! {
             _ = &mut stopped => return (stream, intake, Ok(())),
+            Some(take) = takes.recv() => {
+                let _ = take.send(intake.buffer.drain());
+                continue;
+            }
             msg = stream.message() => msg,
         };
         let taken = match msg {

@@ -176,7 +176,14 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
             mm_lags.as_ref().map_or_else(String::new, |l| format!("   make-mirror {}", l.summary()));
         println!("tail lag at {rate:>5} writes/s, open loop: agent {}{mm_text}", agent_lags.summary());
         peak_rss(&agent, &format!("tail at {rate} writes/s"), &mut f);
+        let refused = agent_lags.rejected > 0;
         f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
+        if refused {
+            if let Some(accepted) = highest_accepted(&src, &dst, round, rate, plan.tail_seconds).await? {
+                peak_rss(&agent, &format!("tail at {} writes/s", accepted.rate), &mut f);
+                f.tails.push(accepted);
+            }
+        }
     }
     drop(make_mirror);
 
@@ -250,7 +257,12 @@ async fn loaded_sync(
     refused += after.rejected;
     println!("tail lag in the minute after it, {rate} writes/s: agent {}", after.summary());
     let equal = crate::scenario::g3_of(source, &target, &cfg).await?;
-    anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the loaded sync: {equal:?}");
+    let G3::Holds { keys: held, watermark } = equal else {
+        anyhow::bail!("after the loaded sync: {equal:?}");
+    };
+    println!(
+        "G3 after the loaded sync and the minute after it: held ({held} keys equal at watermark {watermark})"
+    );
     peak_rss(&agent, &format!("tail after it, {rate} writes/s"), f);
 
     let load = Background::start(src, "/bench/load2/", rate);
@@ -273,16 +285,20 @@ async fn loaded_sync(
     Ok(LoadedFigures { rate, keys, sync, backlog, lags: after.lags, refused, reconcile })
 }
 
-/// The `buffered = N` of the agent's "scan done" log line: the revisions replayed at scan end.
+/// The revisions replayed at scan end: `replayed` (applied while the watch was still read)
+/// plus `buffered` (the rest) of the agent's "scan done" log line.
 fn replay_backlog(log: &str) -> Option<u64> {
     let line = log.lines().rev().find(|l| l.contains("scan done"))?;
-    let rest = &line[line.find("buffered")? + "buffered".len()..];
-    let digits: String = rest
-        .trim_start_matches(|c: char| !c.is_ascii_digit())
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
+    let field = |name: &str| -> Option<u64> {
+        let rest = &line[line.find(name)? + name.len()..];
+        let digits: String = rest
+            .trim_start_matches(|c: char| !c.is_ascii_digit())
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    Some(field("replayed").unwrap_or(0) + field("buffered")?)
 }
 
 /// An open-loop writer that runs until stopped: see [`open_loop`].
@@ -450,10 +466,13 @@ async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: 
     let total = (rate as u64 * seconds) as usize;
     let mut stream = dst.clone().watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
     let wait = Duration::from_secs(seconds + 30);
+    // Keys to wait for: every put sent, then, once the writer is done, those acknowledged (a
+    // refused put never appears, and waiting for it cost every refused round the whole wait).
+    let (expect, expected) = tokio::sync::watch::channel(total);
     let seen = tokio::spawn(async move {
         let mut seen: HashMap<Vec<u8>, Instant> = HashMap::new();
         let deadline = Instant::now() + wait;
-        while seen.len() < total && Instant::now() < deadline {
+        while seen.len() < *expected.borrow() && Instant::now() < deadline {
             let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(1), stream.message()).await
             else {
                 continue;
@@ -470,11 +489,45 @@ async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: 
     let Sent { acked, refused: rejected } =
         open_loop(src.clone(), prefix.to_owned(), rate, total, tokio_util::sync::CancellationToken::new())
             .await?;
+    let _ = expect.send(acked.len());
     let seen = seen.await?;
     let mut lags: Vec<Duration> =
         acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
     lags.sort();
     Ok(Lags { lags, rejected })
+}
+
+/// Rounds of [`highest_accepted`]: 10 % steps down from the refused rate, so the rate found is
+/// within a tenth of the highest the source takes in full, down to 43 % of the refused rate.
+const ACCEPT_ROUNDS: u32 = 8;
+
+/// After the source refused part of `refused_rate`: offers 90 %, 81 %, ... of it, each for
+/// `seconds` like the round it follows, until a round is accepted in full, and prints and returns the
+/// agent's lags at that rate: the tail at the highest rate the source took (to within 10 %),
+/// rather than a rate the source lowered reported as met. None when no round was accepted.
+async fn highest_accepted(
+    src: &Client,
+    dst: &Client,
+    round: usize,
+    refused_rate: u32,
+    seconds: u64,
+) -> anyhow::Result<Option<TailFigures>> {
+    let mut rate = refused_rate;
+    for _ in 0..ACCEPT_ROUNDS {
+        rate = rate * 9 / 10;
+        let prefix = format!("/bench/lag{round}-{rate}/");
+        let lags = tail_lag(src, dst, &prefix, rate, seconds).await?;
+        if lags.rejected == 0 {
+            println!(
+                "  highest rate the source accepted in full: {rate:>5} writes/s: agent {}",
+                lags.summary()
+            );
+            return Ok(Some(TailFigures { rate, agent: lags.lags, make_mirror: None }));
+        }
+        println!("  at {rate:>5} writes/s the source still refused {} puts", lags.rejected);
+    }
+    println!("  the source refused part of every rate down to {rate} writes/s");
+    Ok(None)
 }
 
 /// What an [`open_loop`] writer sent.
@@ -561,9 +614,11 @@ mod tests {
     /// The replay backlog is read from the last "scan done" line, text or JSON logs.
     #[test]
     fn replay_backlog_reads_the_scan_done_line() {
-        let text = "INFO scan done; replaying to scan_end r0=5 scan_end=90 buffered=37\nINFO syncing";
-        assert_eq!(replay_backlog(text), Some(37));
-        let json = r#"{"fields":{"message":"scan done; replaying to scan_end","buffered":1204}}"#;
+        let text =
+            "INFO scan done; replaying to scan_end r0=5 scan_end=90 replayed=400 buffered=37\nINFO syncing";
+        assert_eq!(replay_backlog(text), Some(437));
+        let json =
+            r#"{"fields":{"message":"scan done; replaying to scan_end","replayed":0,"buffered":1204}}"#;
         assert_eq!(replay_backlog(json), Some(1204));
         assert_eq!(replay_backlog("INFO syncing"), None);
     }

@@ -15,11 +15,9 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use etcd_client::Client;
 
-use crate::container::ContainerNode;
 use crate::pki::Pki;
 use crate::plan::MemberPlan;
 pub use crate::plan::{tools_dir, EtcdVersion};
-use crate::process::ProcessNode;
 use crate::proxy::FaultProxy;
 
 mod clients;
@@ -29,7 +27,6 @@ use clients::client_settings;
 pub(crate) use clients::unique_id;
 pub use clients::{agent_client, wait_serving, Proxies};
 pub use node::Node;
-use node::NodeInner;
 
 /// How members are launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,16 +175,9 @@ impl EtcdCluster {
             .collect();
         let network = format!("em-net-{id}");
         // Members of a new cluster wait for each other, so all start together.
-        let started = futures::future::join_all(plans.iter().map(|plan| async {
-            let inner = match spec.backend {
-                Backend::Process => NodeInner::Process(ProcessNode::spawn(plan).await?),
-                Backend::Container => {
-                    NodeInner::Container(Box::new(ContainerNode::create(plan, &network).await?))
-                }
-            };
-            anyhow::Ok(Node { plan: plan.clone(), inner })
-        }))
-        .await;
+        let started =
+            futures::future::join_all(plans.iter().map(|plan| Node::launch(plan, spec.backend, &network)))
+                .await;
         let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
         let cluster = EtcdCluster { spec: spec.clone(), nodes, network, _data: data };
         for node in &cluster.nodes {
@@ -207,6 +197,57 @@ impl EtcdCluster {
             }
         }
         Ok(cluster)
+    }
+
+    /// Adds a learner member, as an operator growing a cluster would: `member add --learner`
+    /// through the running members, then the new member started against them
+    /// (`--initial-cluster-state=existing`). Its endpoint is the last of
+    /// [`EtcdCluster::endpoints`]. Returns once it answers a Status request (a learner refuses
+    /// linearizable reads, so it never passes [`wait_serving`]).
+    pub async fn add_learner(&mut self) -> anyhow::Result<()> {
+        let first = self.nodes[0].plan.clone();
+        let name = format!("{}-learner{}", first.name, self.nodes.len());
+        let ports = crate::ports::free_ports(2)?;
+        let peer_url = match self.spec.backend {
+            Backend::Process => format!("http://127.0.0.1:{}", ports[1]),
+            Backend::Container => format!("http://{name}:2380"),
+        };
+        let mut client = self.client().await?;
+        client
+            .member_add([peer_url.clone()], Some(etcd_client::MemberAddOptions::new().with_is_learner()))
+            .await
+            .context("member add --learner")?;
+        let mut extra_args = first.extra_args.clone();
+        extra_args.push("--initial-cluster-state=existing".into());
+        let plan = MemberPlan {
+            name: name.clone(),
+            client_port: ports[0],
+            peer_port: ports[1],
+            initial_cluster: format!("{},{name}={peer_url}", first.initial_cluster),
+            data_dir: first.data_dir.with_file_name(&name),
+            extra_args,
+            ..first
+        };
+        let node = Node::launch(&plan, self.spec.backend, &self.network).await?;
+        let (endpoint, tls) = (node.endpoint(), node.client_tls());
+        self.nodes.push(node);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = async {
+                let mut c =
+                    agent_client(std::slice::from_ref(&endpoint), tls.as_ref(), Duration::from_secs(2))
+                        .await?;
+                anyhow::Ok(c.status().await?.is_learner())
+            };
+            match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+                Ok(Ok(true)) => return Ok(()),
+                Ok(Ok(false)) => bail!("member {name} answers but is not a learner"),
+                _ if tokio::time::Instant::now() > deadline => {
+                    bail!("learner {name} never answered Status; its log:\n{}", self.nodes_log())
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
     }
 
     /// The spec it was started from.
@@ -294,7 +335,7 @@ impl EtcdCluster {
         let tls = self.nodes.first().and_then(Node::client_tls);
         let (side, sync) = client_settings(&self.endpoints(), tls.as_ref(), Duration::from_secs(2));
         let probe = mirror_core::probe_members(mirror_core::Side::Source, &side, &sync).await?;
-        let reachable = probe.reachable_endpoints();
+        let reachable = probe.serving_endpoints();
         Ok(mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &reachable).await?)
     }
 

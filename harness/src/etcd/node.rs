@@ -21,6 +21,21 @@ pub struct Node {
 }
 
 impl Node {
+    /// Starts the member of `plan` as a process or as a container on `network`.
+    pub(super) async fn launch(
+        plan: &MemberPlan,
+        backend: super::Backend,
+        network: &str,
+    ) -> anyhow::Result<Node> {
+        let inner = match backend {
+            super::Backend::Process => NodeInner::Process(ProcessNode::spawn(plan).await?),
+            super::Backend::Container => {
+                NodeInner::Container(Box::new(ContainerNode::create(plan, network).await?))
+            }
+        };
+        Ok(Node { plan: plan.clone(), inner })
+    }
+
     /// The member's name.
     pub fn name(&self) -> &str {
         &self.plan.name

@@ -5,6 +5,7 @@
 //! - `wait until = "background"` waits for every background step to finish; `until =
 //!   "caught_up"` until the agent's watermark reaches the source's head revision (equal
 //!   contents can come a revision earlier, when that revision rewrote a value unchanged);
+//!   `until = "log:TEXT"` until a line of the agent's log contains TEXT;
 //! - any step may say `g3_checker = false` (or `true`) to pause (or resume) the continuous G3
 //!   checker from that step on;
 //! - `expect sole_writer_after = "ID"` reads the checkpoint key's history: once agent ID first
@@ -19,7 +20,8 @@
 //! - `check_perf` runs `etcdctl check perf` (`load`, `prefix`) against the source;
 //! - `expect` also takes `target_has` / `target_lacks` (keys that must or must not be in the
 //!   target), `min_scan_restarts` / `max_scan_restarts`, `max_peak_rss_mib` (the agent's own
-//!   `peak_rss_bytes`), `max_lag_revisions` with `during`, and `last_error` (a reason);
+//!   `peak_rss_bytes`), `max_lag_revisions` with `during`, `last_error` (a reason), and
+//!   `log_once` (texts each in exactly one line of the agent's log);
 //! - `snapshot` / `restore` (`side`, `name`) save a side and later put it back, as an operator
 //!   restoring a cluster from a snapshot would.
 //! - `failover` (SPEC §8: `args`, `expect`) also takes `within` (the command's time) and

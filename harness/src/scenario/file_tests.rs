@@ -110,7 +110,7 @@ fn unknown_keys_and_kinds_name_the_line() {
 #[test]
 fn steps_round_trip() {
     let steps: Vec<Box<dyn Step>> = vec![
-        Box::new(Churn { ops: 10, rate: 5, keyspace: 3, value_size: 100, prefix: "c/".into() }),
+        Box::new(Churn { ops: 10, rate: 5, keyspace: 3, value_size: 100, prefix: "c/".into(), leases: true }),
         Box::new(Del {
             side: SideName::Source,
             checkpoint: false,
@@ -183,6 +183,7 @@ fn steps_round_trip() {
             leases_match: Some(true),
             target_leases_gone: vec![7],
             target_leases_alive: vec![8],
+            log_once: vec!["said once".into()],
             agent: "a".into(),
             timeout: HumanDuration::secs(60),
         }),

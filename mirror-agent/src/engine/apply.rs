@@ -6,7 +6,7 @@ use mirror_fence::{Checkpoint, FenceError};
 use mirror_watch::{Batch, Op, Revision, RevisionBatcher};
 use tracing::{info, warn};
 
-use super::{EngineError, Progress, Refusal, Run};
+use super::{Engine, EngineError, Progress, Refusal, Run};
 
 impl Run<'_> {
     /// Packs whole revisions into batches (flushing at the end: the end of a watch response or
@@ -16,11 +16,10 @@ impl Run<'_> {
         revisions: Vec<Revision>,
         scan_end: &mut Option<i64>,
     ) -> Result<(), EngineError> {
-        let sync = &self.cfg().sync;
         // Merged batches may hold several nested Txns' worth of ops (the writer lays them out).
         let mut batcher = RevisionBatcher::new(
-            sync.max_txn_ops as usize * mirror_fence::NESTED_TXNS,
-            sync.txn_flush_bytes.bytes() as usize,
+            self.txn_ops_per_level() * mirror_fence::NESTED_TXNS,
+            self.cfg().sync.txn_flush_bytes.bytes() as usize,
         );
         for rev in revisions {
             if let Some(b) = batcher.push(rev) {
@@ -102,7 +101,7 @@ impl Run<'_> {
                             .map(|op| self.engine.rewriter.redact(op.key()))
                             .unwrap_or_default(),
                         biggest: biggest.map_or(0, Op::size),
-                        fault: format!("{:?}", e.fault),
+                        fault: e.said(),
                         remedy: format!(
                             "Raise the target's --max-request-bytes above {bytes} (etcd's default is 1.5 MiB)"
                         ),
@@ -114,21 +113,7 @@ impl Run<'_> {
             Err(e) => return Err(e),
         }
         self.engine.reporter.revisions_landed(batch.revisions.len());
-        // Only a live tail apply ends a resync loop: replays inside a resync are part of it
-        // (defect #5 of issue 10: the condition flapped during a livelock).
-        let live = ends_resync_loop(scan_end.is_some(), n);
-        if live {
-            self.engine.resyncs_in_a_row = 0;
-            self.engine.made_progress(Progress::Live);
-        }
-        self.engine.update(|s| {
-            s.watermark = last;
-            s.keys_applied_total += n;
-            s.last_progress_time = Some(now_rfc3339());
-            if live && s.condition(ConditionType::ResyncLoopDetected) {
-                s.set_condition(ConditionType::ResyncLoopDetected, false, "LiveApply", "");
-            }
-        });
+        self.engine.note_applied(scan_end.is_some(), last, n);
         if scan_end.is_some_and(|end| last >= end) {
             self.finish_genesis_if_due(scan_end, last).await?;
         }
@@ -171,7 +156,7 @@ impl Run<'_> {
                 out.push(op);
                 continue;
             };
-            let end = [last.as_slice(), &[0u8]].concat();
+            let end = mirror_core::key_after(&last);
             let resp = unary(
                 "count delete run",
                 Side::Target,
@@ -296,7 +281,7 @@ impl Run<'_> {
         Err(Refusal::ValueTooLarge {
             key: op.map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default(),
             bytes: op.map_or(0, Op::size),
-            fault: format!("{:?}", e.fault),
+            fault: e.said(),
         }
         .into())
     }
@@ -406,6 +391,27 @@ mod failpoint {
         }
         let key = std::env::var("MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ").ok()?;
         (!FIRED.swap(true, Ordering::Relaxed)).then_some(key)
+    }
+}
+
+impl Engine {
+    /// A batch of `ops` ops landed, up to source revision `last`; `in_genesis`: a replay of
+    /// the initial sync or a resync. Only a live tail apply ends a resync loop: replays inside
+    /// a resync are part of it (defect #5 of issue 10: the condition flapped during a livelock).
+    pub(super) fn note_applied(&mut self, in_genesis: bool, last: i64, ops: u64) {
+        let live = ends_resync_loop(in_genesis, ops);
+        if live {
+            self.resyncs_in_a_row = 0;
+            self.made_progress(Progress::Live);
+        }
+        self.update(|s| {
+            s.watermark = last;
+            s.keys_applied_total += ops;
+            s.last_progress_time = Some(now_rfc3339());
+            if live && s.condition(ConditionType::ResyncLoopDetected) {
+                s.set_condition(ConditionType::ResyncLoopDetected, false, "LiveApply", "");
+            }
+        });
     }
 }
 

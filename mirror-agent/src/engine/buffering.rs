@@ -44,6 +44,14 @@ impl Run<'_> {
         self.buffering = Some(Forwarder::start(watch, limit, self.engine.rewriter.clone(), floor));
     }
 
+    /// The revisions buffered so far, taken while buffering goes on (empty when it ended).
+    pub(super) async fn take_buffered(&self) -> Vec<Revision> {
+        match &self.buffering {
+            Some(forwarder) => forwarder.take().await,
+            None => Vec::new(),
+        }
+    }
+
     /// Whether buffering stopped by itself (a full buffer, a compacted or broken watch): the
     /// running pass should end now.
     pub(super) fn buffering_ended(&self) -> bool {

@@ -5,6 +5,8 @@
 //!   wait, raise a condition, degrade, drop the watch, reconnect, give up).
 //! - [`on_progress_reply`]: what a watch response without events proves (see the engine doc,
 //!   "Why genesis and drain completion do not rest on an untrusted progress reply").
+//! - [`ReconcileClock`]: when the periodic reconcile pass is due.
+//! - [`paced_repair_drops_watch`]: when a paced repair has run long enough to cancel the watch.
 //!
 //! How long to wait is the retry policy's ([`mirror_core::RetryPolicy`]), which has its own
 //! tests; the tests here run on paused time where the clock matters (the idle proof's spacing,
@@ -181,6 +183,44 @@ pub(super) fn idle_proof_spacing(took: Duration, progress_interval: Duration) ->
     (took * 4).min(progress_interval)
 }
 
+/// Seconds of paced repair after which the source watch is cancelled (and re-opened from the
+/// watermark once the pass ends), so its events do not pile up in this process.
+const PACED_REPAIR_WATCH_SECONDS: f64 = 3.0;
+
+/// Whether a reconcile pass that has repaired `repaired` keys under `max_ops_per_second`
+/// (0: unpaced) has been held back by pacing for longer than [`PACED_REPAIR_WATCH_SECONDS`].
+pub(super) fn paced_repair_drops_watch(repaired: u64, max_ops_per_second: i64) -> bool {
+    max_ops_per_second > 0 && repaired as f64 > PACED_REPAIR_WATCH_SECONDS * max_ops_per_second as f64
+}
+
+/// When the periodic reconcile pass is due: `reconcile.interval` after the last pass ended
+/// (or the tail started), never before the initial sync completed, never with the interval
+/// at zero (passes off). The interval is read at each question, so a reload that changes it
+/// moves the due time from the same start, and a reload of anything else moves nothing (it
+/// used to restart the wait: a config pushed every 30 minutes kept an hourly pass from ever
+/// running).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReconcileClock {
+    since: Instant,
+}
+
+impl ReconcileClock {
+    /// Counting from `now`: the tail starts.
+    pub(super) fn start(now: Instant) -> ReconcileClock {
+        ReconcileClock { since: now }
+    }
+
+    /// When the next pass is due; `None`: not armed.
+    pub(super) fn due(&self, interval: Duration, initial_sync_complete: bool) -> Option<Instant> {
+        (initial_sync_complete && !interval.is_zero()).then(|| self.since + interval)
+    }
+
+    /// A pass ended at `now`: the next is counted from here.
+    pub(super) fn passed(&mut self, now: Instant) {
+        self.since = now;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -191,8 +231,8 @@ mod tests {
 
     use super::super::{EngineError, ReconnectCause, Refusal, Restart, ResyncCause};
     use super::{
-        idle_proof_spacing, on_progress_reply, on_run_error, on_write_error, Decision, OnReply, OnWriteError,
-        Reply, WriteTrouble,
+        idle_proof_spacing, on_progress_reply, on_run_error, on_write_error, paced_repair_drops_watch,
+        Decision, OnReply, OnWriteError, ReconcileClock, Reply, WriteTrouble,
     };
 
     fn etcd(code: tonic::Code, message: &str) -> EngineError {
@@ -350,5 +390,35 @@ mod tests {
         assert_eq!(idle_proof_spacing(ms(10), ms(45_000)), ms(40));
         assert_eq!(idle_proof_spacing(ms(2_000), ms(500)), ms(500));
         assert_eq!(idle_proof_spacing(ms(0), ms(500)), ms(0));
+    }
+
+    /// The periodic pass: off at zero, not armed before the initial sync completed, due an
+    /// interval after the tail started or the last pass ended; a reloaded interval counts
+    /// from the same start.
+    #[tokio::test(start_paused = true)]
+    async fn reconcile_is_due_an_interval_after_the_last_pass() {
+        let hour = Duration::from_secs(3600);
+        let start = Instant::now();
+        let mut clock = ReconcileClock::start(start);
+        assert_eq!(clock.due(Duration::ZERO, true), None, "interval 0s: passes off");
+        assert_eq!(clock.due(hour, false), None, "never during the initial sync");
+        assert_eq!(clock.due(hour, true), Some(start + hour));
+        // Reloads come and go: only a changed interval moves the due time, from the same start.
+        tokio::time::advance(Duration::from_secs(1800)).await;
+        assert_eq!(clock.due(hour, true), Some(start + hour), "a reload of another field");
+        assert_eq!(clock.due(hour / 4, true), Some(start + hour / 4), "shorter: due at once");
+        // A pass that ends now re-arms from its end.
+        clock.passed(Instant::now());
+        assert_eq!(clock.due(hour, true), Some(Instant::now() + hour));
+    }
+
+    /// Unpaced repairs never drop the watch; paced ones do past three seconds of pacing.
+    #[test]
+    fn paced_repairs_drop_the_watch_past_three_seconds() {
+        for (repaired, rate, drops) in
+            [(1_000_000, 0, false), (30, 10, false), (31, 10, true), (299, 100, false), (301, 100, true)]
+        {
+            assert_eq!(paced_repair_drops_watch(repaired, rate), drops, "{repaired} keys at {rate}/s");
+        }
     }
 }

@@ -3,9 +3,13 @@
 use futures::StreamExt as _;
 use mirror_core::{ErrorClass, Op, Phase};
 use mirror_scan::{ChunkCutter, ChunkedScan, Cycle, Scanner};
-use tracing::info;
+use tracing::{info, warn};
 
-use super::{EngineError, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
+use super::{EngineError, Restart, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
+
+/// A take of the genesis replay at most this long ends it: the forwarder stops and the rest
+/// is applied with the watch unread for one short write.
+const REPLAY_TAIL_REVISIONS: usize = 64;
 
 impl Run<'_> {
     /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
@@ -35,12 +39,62 @@ impl Run<'_> {
             // Prune owed: sweep target keys whose source no longer has them.
             pass = self.sweep(r0).await;
         }
-        let buffered = self.stop_buffering().await;
-        pass?;
-        let (watch, replay) = buffered?;
+        if pass.is_err() || self.buffering_ended() {
+            // A full buffer or a compacted watch before the scan and sweep were done: said
+            // by `stop_buffering` (genesis restarts). A forwarder that ended by itself always
+            // says why; were it ever to end quietly, the watch is gone all the same.
+            let buffered = self.stop_buffering().await;
+            pass?;
+            return Err(buffered.err().unwrap_or(EngineError::RestartGenesis(Restart::WatchEndedDuringScan)));
+        }
         let scan_end = self.source_revision().await?;
-        info!(r0, scan_end, buffered = replay.len(), "scan done; replaying to scan_end");
-        self.tail(watch, Some((scan_end, replay))).await
+        let mut end = Some(scan_end);
+        let replayed = self.replay_buffered(&mut end).await;
+        let buffered = self.stop_buffering().await;
+        let replayed = replayed?;
+        let (watch, rest) = match buffered {
+            Ok(buffered) => buffered,
+            // The buffer filled while the backlog was written (a slow target): what was taken
+            // has landed in order, so the tail watches again from the watermark, as after a
+            // reconcile pass. Genesis restarts only for a compaction.
+            Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
+                let from = self.writer().record().watermark + 1;
+                warn!(
+                    from,
+                    "the watch buffer filled during the genesis replay; re-watching from the watermark"
+                );
+                (self.open_watch(from).await?, Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        info!(r0, scan_end, replayed, buffered = rest.len(), "scan done; replaying to scan_end");
+        match end {
+            Some(scan_end) => self.tail(watch, Some((scan_end, rest))).await,
+            // The replay already reached scan_end: the rest is the live tail's.
+            None => {
+                self.apply_revisions(rest, &mut end).await?;
+                self.tail(watch, None).await
+            }
+        }
+    }
+
+    /// Applies the revisions buffered during the scan and sweep while the forwarder goes on
+    /// reading the watch: a backlog of a minute at 1 000 writes/s takes seconds to write, and
+    /// a watch left unread that long on a busy source is one etcd compacts past (sweep-under-load
+    /// with 4 096-key pages: one forced `WatchCompacted` resync in three runs). Takes until a
+    /// take finds at most [`REPLAY_TAIL_REVISIONS`] (the rest is applied after the forwarder
+    /// stops) or the forwarder ends; returns how many revisions it applied.
+    async fn replay_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<usize, EngineError> {
+        let mut replayed = 0;
+        loop {
+            let taken = self.take_buffered().await;
+            let n = taken.len();
+            self.apply_revisions(taken, scan_end).await?;
+            replayed += n;
+            if n <= REPLAY_TAIL_REVISIONS {
+                return Ok(replayed);
+            }
+        }
     }
 
     /// Step 5: the scan, pipelined (SPEC §9's hint).

@@ -36,6 +36,10 @@
 //! and the watch opened at R0 + 1 delivers each of them. Once the replay has applied every
 //! revision up to scan_end, the target equals the source at the watermark.
 //!
+//! The watch is read by a forwarder from R0 + 1 through the scan, the sweep and the replay
+//! itself (`genesis::replay_buffered`): a backlog of a minute of writes takes seconds to apply,
+//! and a watch left unread that long is one etcd cancels at its next compaction.
+//!
 //! ## Why genesis and drain completion do not rest on an untrusted progress reply
 //! "Every revision up to X has been delivered" is proven in one of two ways only:
 //! 1. An *event* above X arrived on the watch. etcd sends one watcher's events in revision
@@ -420,9 +424,10 @@ impl Run<'_> {
     /// a flat Txn), so a paced target gets steady Txns rather than bursts and long pauses.
     fn chunker(&self) -> OpChunker {
         let sync = &self.cfg().sync;
-        let mut ops = mirror_fence::nested_txn_capacity(sync.max_txn_ops);
+        let per_level = self.txn_ops_per_level();
+        let mut ops = mirror_fence::nested_txn_capacity(per_level as i64);
         if sync.max_ops_per_second > 0 {
-            let flat = (sync.max_txn_ops.max(2) - 1) as usize;
+            let flat = per_level.max(2) - 1;
             ops = ops.min((sync.max_ops_per_second as usize).max(flat));
         }
         OpChunker::new(ops, sync.txn_flush_bytes.bytes() as usize)
@@ -437,6 +442,12 @@ impl Run<'_> {
             sync.page_bytes.bytes() as usize,
             sync.request_timeout.get(),
         )
+    }
+
+    /// The per-level op limit of this run: `sync.max_txn_ops` as the writer was built with it
+    /// (a reload applies at the next run), halved where the target refused it.
+    fn txn_ops_per_level(&self) -> usize {
+        self.writer.as_ref().map_or(self.cfg().sync.max_txn_ops.max(2) as usize, FencedWriter::max_txn_ops)
     }
 
     fn writer(&mut self) -> &mut FencedWriter {

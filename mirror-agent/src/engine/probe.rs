@@ -56,7 +56,7 @@ impl Engine {
 
         let sync = &self.cfg.sync;
         let source =
-            connect_to(Side::Source, &self.cfg.source, sync, &source_probe.reachable_endpoints()).await?;
+            connect_to(Side::Source, &self.cfg.source, sync, &source_probe.serving_endpoints()).await?;
         let reverse = mirror_reconcile::find_reverse_link(
             &mut source.kv_client(),
             &self.rewriter,
@@ -70,7 +70,7 @@ impl Engine {
             return Err(Refusal::ReverseLink { other: other.link_uid, at }.into());
         }
         let target =
-            connect_to(Side::Target, &self.cfg.target, sync, &target_probe.reachable_endpoints()).await?;
+            connect_to(Side::Target, &self.cfg.target, sync, &target_probe.serving_endpoints()).await?;
         let preserve = self.cfg.sync.leases == mirror_core::LeaseMode::Preserve;
         let mut run = Run {
             engine: self,
@@ -177,5 +177,69 @@ pub(super) fn reachability<T>(s: &mut Status, condition: ConditionType, probe: &
     match probe {
         Ok(_) => s.set_condition(condition, true, "Probe", ""),
         Err(e) => s.set_condition(condition, false, &format!("{:?}", e.fault), e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mirror_core::MemberInfo;
+
+    use super::*;
+
+    fn member(endpoint: &str, version: &str, cluster_id: u64, learner: bool) -> MemberInfo {
+        MemberInfo { endpoint: endpoint.into(), version: version.into(), cluster_id, learner }
+    }
+
+    fn probe(members: Vec<MemberInfo>) -> Probe {
+        Probe { members, unreachable: vec![("http://c:2379".into(), "refused".into())] }
+    }
+
+    fn refusal(r: Result<(SideStatus, u64), EngineError>) -> Refusal {
+        match r {
+            Err(EngineError::Refused(refusal)) => refusal,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_lowest_version_a_learner_and_the_unreachable_are_reported() {
+        let p = probe(vec![
+            member("http://a:2379", "3.5.30", 7, false),
+            member("http://b:2379", "3.4.23", 7, true),
+        ]);
+        let (side, cluster) = side_status(Side::Source, &p).unwrap();
+        assert_eq!((side.version.as_str(), side.cluster_id.as_str(), cluster), ("3.4.23", "7", 7));
+        assert!(side.learner, "LearnerEndpoint comes from this");
+        assert_eq!(side.unreachable_endpoints, ["http://c:2379"]);
+    }
+
+    #[test]
+    fn a_member_below_3_4_is_refused_naming_it() {
+        let p = probe(vec![
+            member("http://a:2379", "3.5.30", 7, false),
+            member("http://old:2379", "3.3.27", 7, false),
+        ]);
+        let r = refusal(side_status(Side::Target, &p));
+        assert_eq!(r.reason(), "VersionUnsupported");
+        let text = r.to_string();
+        assert!(text.contains("http://old:2379") && text.contains("3.3.27"), "{text}");
+    }
+
+    #[test]
+    fn endpoints_of_two_clusters_are_refused_naming_the_odd_one() {
+        let p = probe(vec![
+            member("http://a:2379", "3.5.30", 7, false),
+            member("http://x:2379", "3.5.30", 8, false),
+        ]);
+        let r = refusal(side_status(Side::Source, &p));
+        assert_eq!(r.reason(), "MixedClusters");
+        assert!(r.to_string().contains("http://x:2379"), "{r}");
+    }
+
+    #[test]
+    fn members_that_hide_their_version_are_not_refused() {
+        let p = probe(vec![member("http://a:2379", mirror_core::UNKNOWN_VERSION, 7, false)]);
+        let (side, _) = side_status(Side::Source, &p).unwrap();
+        assert_eq!(side.version, mirror_core::UNKNOWN_VERSION);
     }
 }

@@ -238,3 +238,145 @@ impl Refusal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal, its `last_error.reason`, its condition and whether it carries a fix command.
+    type Row = (Refusal, &'static str, Option<(ConditionType, &'static str)>, bool);
+
+    /// One of each refusal with its expected `last_error.reason`, condition and fix command:
+    /// the typed error → status mapping the runbook and alerts are written against.
+    fn table() -> Vec<Row> {
+        let clear = || "etcdctl del 'a' 'b'".to_string();
+        vec![
+            (
+                Refusal::EmptyTarget { keys: 3, clear: vec![clear(), clear()] },
+                "EmptyTargetViolation",
+                Some((ConditionType::EmptyTargetViolation, "TargetNotEmpty")),
+                true,
+            ),
+            (
+                Refusal::RevisionTooLarge {
+                    revision: 9,
+                    ops: 2,
+                    bytes: 3,
+                    first_key: "k".into(),
+                    biggest: 3,
+                    fault: "f".into(),
+                    remedy: "r".into(),
+                },
+                "RevisionTooLarge",
+                None,
+                false,
+            ),
+            (
+                Refusal::ValueTooLarge { key: "k".into(), bytes: 3, fault: "f".into() },
+                "ValueTooLarge",
+                None,
+                false,
+            ),
+            (
+                Refusal::NestedLink { other: "o".into(), at: "a".into(), clear: clear() },
+                "PrefixConflict",
+                Some((ConditionType::PrefixConflict, "NestedLink")),
+                true,
+            ),
+            (
+                Refusal::CheckpointTaken {
+                    other: "o".into(),
+                    ours: "u".into(),
+                    key: "k".into(),
+                    clear: clear(),
+                },
+                "PrefixConflict",
+                Some((ConditionType::PrefixConflict, "CheckpointTaken")),
+                true,
+            ),
+            (
+                Refusal::Overlap { other: "o".into(), theirs: "t".into(), ours: "u".into(), clear: clear() },
+                "PrefixConflict",
+                Some((ConditionType::PrefixConflict, "Overlap")),
+                true,
+            ),
+            (
+                Refusal::SameClusterOverlap,
+                "DirectionConflict",
+                Some((ConditionType::DirectionConflict, "SameCluster")),
+                false,
+            ),
+            (
+                Refusal::ReverseLink { other: "o".into(), at: "a".into() },
+                "DirectionConflict",
+                Some((ConditionType::DirectionConflict, "ReverseLink")),
+                false,
+            ),
+            (
+                Refusal::VersionUnsupported {
+                    side: Side::Source,
+                    endpoint: "e".into(),
+                    version: "3.3.0".into(),
+                },
+                "VersionUnsupported",
+                None,
+                false,
+            ),
+            (
+                Refusal::MixedClusters { side: Side::Target, endpoint: "e".into() },
+                "MixedClusters",
+                None,
+                false,
+            ),
+            (Refusal::Tls { reason: "TlsRejected", detail: "d".into() }, "TlsRejected", None, false),
+            (
+                Refusal::SourceWentBack { watermark: 9, source_revision: 3 },
+                "SourceWentBack",
+                Some((ConditionType::SourceWentBack, "BelowWatermark")),
+                false,
+            ),
+            (
+                Refusal::LeaseConflict { id: 0x2a, source_ttl: 10, target_ttl: 20 },
+                "LeaseConflict",
+                None,
+                false,
+            ),
+            (
+                Refusal::DrainVerificationFailed { watermark: 9, missing: 1, divergent: 2, orphan: 3 },
+                "DrainVerificationFailed",
+                Some((ConditionType::DrainVerificationFailed, "SidesDiffer")),
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn each_refusal_maps_to_its_reason_condition_and_fix() {
+        for (refusal, reason, condition, has_fix) in table() {
+            assert_eq!(refusal.reason(), reason, "{refusal:?}");
+            assert_eq!(refusal.condition(), condition, "{refusal:?}");
+            assert_eq!(refusal.fix().is_some(), has_fix, "{refusal:?}");
+            // The fix is also in the message, so a reader of the log alone has it.
+            if let Some(fix) = refusal.fix() {
+                assert!(refusal.to_string().contains(&fix), "{refusal:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn messages_carry_their_facts() {
+        let empty = Refusal::EmptyTarget { keys: 3, clear: vec!["c1".into(), "c2".into()] };
+        assert!(empty.to_string().contains("holds 3 keys"));
+        assert!(empty.to_string().contains("c1 && c2"));
+        let big = Refusal::ValueTooLarge { key: "app/x…".into(), bytes: 2_000_000, fault: "f".into() };
+        assert!(big.to_string().starts_with("key app/x…: 2000000 bytes"));
+        let lease = Refusal::LeaseConflict { id: 0x2a, source_ttl: 10, target_ttl: 20 };
+        assert!(lease.to_string().starts_with("lease 2a exists on the target with a granted TTL of 20s"));
+        let version = Refusal::VersionUnsupported {
+            side: Side::Source,
+            endpoint: "e:1".into(),
+            version: "3.3.0".into(),
+        };
+        assert!(version.to_string().contains("e:1 runs etcd \"3.3.0\""), "{version}");
+    }
+}

@@ -6,6 +6,7 @@ use mirror_watch::Op;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::decide::paced_repair_drops_watch;
 use super::{EngineError, Refusal, Run};
 
 impl Run<'_> {
@@ -202,7 +203,6 @@ impl Run<'_> {
         let preserve = sync.leases == mirror_core::LeaseMode::Preserve;
         let differ = self.differ_at_watermark().with_leases(preserve);
         let mut repairs = Repairs::new(differ, self.chunker(), |_: &[u8], _| delete_orphans);
-        let rate = sync.max_ops_per_second.max(0) as f64;
         let mut repaired = 0u64;
         loop {
             self.engine.stop_if_shutting_down()?;
@@ -225,8 +225,10 @@ impl Run<'_> {
             self.commit_keep(&batch).await?;
             repaired += batch.len() as u64;
             // commit_with_retry paced the repair; a long paced pass must not let the source's
-            // events pile up in this process.
-            if rate > 0.0 && repaired as f64 > 3.0 * rate && self.watch.take().is_some() {
+            // events pile up in this process. Only the drain's repair pass still holds the open
+            // watch here: a periodic pass reads it into the bounded forwarder buffer instead
+            // (`reconcile_buffered`), which lets it go when full.
+            if paced_repair_drops_watch(repaired, sync.max_ops_per_second) && self.watch.take().is_some() {
                 info!("long paced repair: source watch cancelled; will re-watch from the watermark");
             }
         }

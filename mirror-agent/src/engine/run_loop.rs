@@ -317,3 +317,70 @@ impl Engine {
         reconnect
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mirror_core::{ConditionType, Config, StatusHandle};
+    use tokio_util::sync::CancellationToken;
+
+    use super::Engine;
+
+    /// An engine on the minimal config that never runs, and the status it reports into.
+    fn engine() -> (Engine, StatusHandle) {
+        let cfg = Config::from_toml_str(mirror_core::testing::MINIMAL_CONFIG).unwrap();
+        let status = StatusHandle::default();
+        (Engine::new(cfg, status.clone(), CancellationToken::new()), status)
+    }
+
+    /// Upstream #14: forced resyncs after compactions, three in a row with no live apply,
+    /// latch `ResyncLoopDetected` with their cause; more of them keep it latched (it does not
+    /// clear itself while the loop goes on, and keeps the first cause). Only a live apply
+    /// clears it (the test below; at agent level `resync-loop-latch.toml`).
+    #[test]
+    fn consecutive_compaction_resyncs_latch_and_stay_latched() {
+        let (mut engine, status) = engine();
+        let latch = || {
+            let s = status.read().unwrap();
+            let c = s.conditions.iter().find(|c| c.type_ == ConditionType::ResyncLoopDetected);
+            c.filter(|c| c.status).map(|c| c.reason.clone())
+        };
+        engine.note_resync("Compacted", true);
+        engine.note_resync("WatchCompacted", true);
+        assert_eq!(latch(), None, "two in a row are not a loop yet");
+        engine.note_resync("Compacted", true);
+        assert_eq!(latch().as_deref(), Some("Compacted"));
+        for _ in 0..3 {
+            engine.note_resync("WatchCompacted", true);
+            assert_eq!(latch().as_deref(), Some("Compacted"), "still latched, first cause kept");
+        }
+        let s = status.read().unwrap();
+        assert_eq!(s.forced_resyncs.count, 6);
+        assert!(!s.condition(ConditionType::InitialSyncComplete));
+    }
+
+    /// Upstream #23: the latch trips even when every resync's replay applies events (a replay
+    /// is part of the loop, not steady state), stays through more replays, and only a live
+    /// apply clears it, through the engine's own bookkeeping of applied batches.
+    #[test]
+    fn replays_inside_the_loop_neither_hold_off_nor_clear_the_latch() {
+        let (mut engine, status) = engine();
+        let latched = || status.read().unwrap().condition(ConditionType::ResyncLoopDetected);
+        let mut revision = 100;
+        for round in 1..=3 {
+            engine.note_resync("WatchBufferOverflow", false);
+            revision += 10;
+            engine.note_applied(true, revision, 25);
+            assert_eq!(latched(), round == 3, "after resync {round} and its replay");
+        }
+        engine.note_resync("WatchBufferOverflow", false);
+        engine.note_applied(true, revision + 10, 25);
+        assert!(latched(), "a replay does not clear it");
+        engine.note_applied(false, revision + 20, 0);
+        assert!(latched(), "a commit without data is no evidence");
+        engine.note_applied(false, revision + 21, 1);
+        assert!(!latched(), "a live apply clears it");
+        assert_eq!(status.read().unwrap().scan_restarts, 4);
+        engine.note_resync("WatchBufferOverflow", false);
+        assert!(!latched(), "the count started over at the live apply");
+    }
+}

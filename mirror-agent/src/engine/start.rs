@@ -38,7 +38,7 @@ impl Run<'_> {
             return Err(match e {
                 FenceError::PrefixConflict { stored, ours } => {
                     let endpoints = &self.cfg().target.endpoints;
-                    let at = KeyRange { end: [key.as_slice(), &[0]].concat(), start: key.clone() };
+                    let at = KeyRange { end: mirror_core::key_after(&key), start: key.clone() };
                     Refusal::CheckpointTaken {
                         other: stored,
                         ours,

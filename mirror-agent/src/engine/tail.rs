@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::buffering::watch_error;
-use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, Reply};
+use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, ReconcileClock, Reply};
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
     FENCE_CHECK_INTERVAL, LEASE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL,
@@ -44,8 +44,7 @@ impl Run<'_> {
             self.engine.set_phase(Phase::Syncing);
         }
         let steady = self.cfg().sync.progress_interval.get();
-        let interval = self.cfg().reconcile.interval.get();
-        let mut next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
+        let mut reconcile_clock = ReconcileClock::start(Instant::now());
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
         let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
@@ -66,14 +65,12 @@ impl Run<'_> {
                 info!(from, "re-watching the source from the watermark");
                 self.watch = Some(self.open_watch(from).await?);
             }
+            let reconcile_at = reconcile_clock.due(self.cfg().reconcile.interval.get(), scan_end.is_none());
             let watch = self.watch.as_mut().expect("opened above");
-            let reconcile_at = next_reconcile.filter(|_| scan_end.is_none());
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
-                    let interval = self.cfg().reconcile.interval.get();
-                    next_reconcile = (!interval.is_zero()).then(|| Instant::now() + interval);
                     continue;
                 }
                 _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
@@ -113,7 +110,7 @@ impl Run<'_> {
                     // drain or itself, and no tail write races its reads.
                     // The watch is buffered meanwhile, so etcd never finds it stuck.
                     self.reconcile_buffered(&mut scan_end).await?;
-                    next_reconcile = Some(Instant::now() + interval);
+                    reconcile_clock.passed(Instant::now());
                     continue;
                 }
                 _ = lease_check.tick(), if leases => {

@@ -150,6 +150,10 @@ pub struct Expect {
     /// Extension: these lease IDs live on the target and still hold keys.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_leases_alive: Vec<i64>,
+    /// Extension: each text is in exactly one line of the agent's log so far (an event said
+    /// once, not once per retry or per status read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_once: Vec<String>,
     /// Agent id.
     #[serde(default = "agent_a", skip_serializing_if = "is_a")]
     pub agent: String,
@@ -232,6 +236,13 @@ impl Step for Expect {
                 leases_match(world).await.with_context(|| format!("leases_match, sample {}", k + 1))?;
             }
             println!("           leases matched at {samples} samples");
+        }
+        if !self.log_once.is_empty() {
+            let log = world.agent(agent)?.process.log();
+            for text in &self.log_once {
+                let n = log.lines().filter(|l| l.contains(text.as_str())).count();
+                anyhow::ensure!(n == 1, "expected one line of the agent's log to hold {text:?}, found {n}");
+            }
         }
         let mut dst = world.target.client().await?;
         for id in &self.target_leases_gone {

@@ -112,6 +112,12 @@ fn is_source(side: &SideName) -> bool {
 fn is_false(b: &bool) -> bool {
     !*b
 }
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn yes() -> bool {
+    true
+}
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }

@@ -28,6 +28,9 @@ pub enum Until {
     /// The agent's watermark has reached the source's head revision: it has applied (or proved
     /// idle) everything written so far and has nothing left to commit.
     CaughtUp,
+    /// The agent's log holds a line containing this text (`"log:TEXT"`): for what the agent
+    /// only says, such as a watch it cancelled.
+    Log(String),
 }
 
 impl TryFrom<String> for Until {
@@ -53,6 +56,7 @@ impl fmt::Display for Until {
             Until::Background => f.write_str("background"),
             Until::LastError(r) => write!(f, "last_error:{r}"),
             Until::CaughtUp => f.write_str("caught_up"),
+            Until::Log(t) => write!(f, "log:{t}"),
         }
     }
 }
@@ -69,12 +73,16 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
     if let Some(r) = until.strip_prefix("last_error:") {
         return Ok(Until::LastError(r.to_owned()));
     }
+    if let Some(t) = until.strip_prefix("log:") {
+        anyhow::ensure!(!t.is_empty(), "until: \"log:\" needs the text to find");
+        return Ok(Until::Log(t.to_owned()));
+    }
     match until {
         "equal" => Ok(Until::Equal),
         "background" => Ok(Until::Background),
         "caught_up" => Ok(Until::CaughtUp),
         other => bail!(
-            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"equal\", \"caught_up\" or \"background\")"
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"log:TEXT\", \"equal\", \"caught_up\" or \"background\")"
         ),
     }
 }
@@ -173,6 +181,12 @@ impl World<'_> {
                 let s = self.status(id).await?;
                 Ok((s.watermark < head)
                     .then(|| format!("watermark {} below source head {head}", s.watermark)))
+            }
+            Until::Log(text) => {
+                let log = self.agent(id)?.process.log();
+                Ok((!log.lines().any(|l| l.contains(text.as_str()))).then(|| {
+                    format!("no line of the agent's log ({} lines) holds {text:?}", log.lines().count())
+                }))
             }
         }
     }

@@ -89,7 +89,9 @@ pub fn convert_events(
             continue;
         }
         if grouped.back().is_none_or(|r| r.revision != rev) {
-            grouped.push_back(Revision { revision: rev, ops: Vec::new() });
+            // Room for one op: most revisions hold one, and an empty Vec's first push makes
+            // room for four.
+            grouped.push_back(Revision { revision: rev, ops: Vec::with_capacity(1) });
             (bytes, fold_at) = (0, hold);
         }
         if bytes > fold_at {

@@ -11,14 +11,14 @@
 //! genesis replay itself is applied while the task reads on ([`Forwarder::take`]), since
 //! replaying a long sweep's backlog takes seconds too.
 //!
-//! Memory: the buffer's limit, never the pass's length.
+//! Memory: the buffer's limit (encoded bytes, which is what it holds), never the pass's length.
 
 use etcd_client::{WatchRequestSender, WatchResponse, WatchResponseStream};
 use mirror_core::{ErrorClass, Fault, KeyRewriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::{Fragments, Overflow, ReplayBuffer, Revision};
+use crate::{Buffered, Fragments, Overflow, ReplayBuffer};
 
 /// An open source watch: both halves and the revision its fragments are joining.
 #[derive(Debug)]
@@ -87,7 +87,7 @@ impl Intake {
 type Returned = (WatchResponseStream, Intake, Result<(), ForwardError>);
 
 /// A request for what the task buffered so far.
-type Take = oneshot::Sender<Vec<Revision>>;
+type Take = oneshot::Sender<Buffered>;
 
 /// A watch being read into a replay buffer by a task of its own.
 #[derive(Debug)]
@@ -112,10 +112,10 @@ impl Forwarder {
     /// The whole revisions buffered so far, in order, while the task reads on (the buffer's
     /// bytes start again from zero); empty once the task has ended ([`Forwarder::stop`] says
     /// why). A revision still arriving in fragments stays until its last piece.
-    pub async fn take(&self) -> Vec<Revision> {
+    pub async fn take(&self) -> Buffered {
         let (reply, answer) = oneshot::channel();
         if self.takes.send(reply).await.is_err() {
-            return Vec::new();
+            return Buffered::default();
         }
         answer.await.unwrap_or_default()
     }
@@ -128,7 +128,7 @@ impl Forwarder {
 
     /// Stops the task: the watch back and what it buffered, in revision order, or why it
     /// stopped early.
-    pub async fn stop(self) -> Result<(Watch, Vec<Revision>), ForwardError> {
+    pub async fn stop(self) -> Result<(Watch, Buffered), ForwardError> {
         let _ = self.stop.send(());
         let (stream, mut intake, forwarded) = self.task.await.map_err(|_| ForwardError::Panicked)?;
         forwarded?;
@@ -160,6 +160,9 @@ async fn forward(
             Err(e) => Err(ForwardError::Read(e)),
         };
         if let Err(e) = taken {
+            // What was buffered is never applied now (`stop` returns the error): free it at
+            // once rather than hold a full buffer until the pass ends.
+            drop(intake.buffer.drain());
             return (stream, intake, Err(e));
         }
     }
@@ -201,7 +204,6 @@ mod tests {
         let got: Vec<(i64, Vec<Vec<u8>>)> = i
             .buffer
             .drain()
-            .iter()
             .map(|r| (r.revision, r.ops.iter().map(|op| op.key().to_vec()).collect()))
             .collect();
         let want = |r, keys: &[&str]| (r, keys.iter().map(|k| k.as_bytes().to_vec()).collect());

@@ -11,7 +11,8 @@
 //! - **Duplicates are no-ops.** [`convert_events`] drops every revision at or below the
 //!   watermark, so a replayed watch response changes nothing.
 //! - **G6, bounded memory.** The [`ReplayBuffer`] holding events during the genesis scan refuses
-//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. No watch response
+//!   to grow past `watch_buffer_bytes`; the engine restarts genesis instead. It holds revisions
+//!   encoded and counts those bytes, so the limit is what it takes in memory. No watch response
 //!   is decoded above [`WATCH_RESPONSE_LIMIT`]: past it the agent watches again asking for
 //!   fragments, each at most the source's `--max-request-bytes`; [`Fragments`] joins a revision
 //!   that spans pieces and holds a revision of many deletes as runs, not keys, once its ops
@@ -48,7 +49,7 @@ use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
 
 pub use batch::{Batch, Revision, RevisionBatcher};
-pub use buffer::{Overflow, ReplayBuffer};
+pub use buffer::{Buffered, Overflow, ReplayBuffer};
 pub use coalesce::Coalescer;
 pub use events::{
     convert_events, fold_delete_runs, held_revision_bytes, Converted, Fragments, HELD_DELETE_BYTES,

@@ -13,7 +13,7 @@ impl Run<'_> {
     /// of the replay) and commits each.
     pub(super) async fn apply_revisions(
         &mut self,
-        revisions: Vec<Revision>,
+        revisions: impl IntoIterator<Item = Revision>,
         scan_end: &mut Option<i64>,
     ) -> Result<(), EngineError> {
         // Merged batches may hold several nested Txns' worth of ops (the writer lays them out).

@@ -3,7 +3,7 @@
 //! with it, and what each way it ends means for the run.
 
 use mirror_core::{EtcdError, Fault, Side};
-use mirror_watch::{ForwardError, Forwarder, Revision, Watch};
+use mirror_watch::{Buffered, ForwardError, Forwarder, Watch};
 use tracing::warn;
 
 use super::{EngineError, ReconnectCause, Restart, ResyncCause, Run};
@@ -45,10 +45,10 @@ impl Run<'_> {
     }
 
     /// The revisions buffered so far, taken while buffering goes on (empty when it ended).
-    pub(super) async fn take_buffered(&self) -> Vec<Revision> {
+    pub(super) async fn take_buffered(&self) -> Buffered {
         match &self.buffering {
             Some(forwarder) => forwarder.take().await,
-            None => Vec::new(),
+            None => Buffered::default(),
         }
     }
 
@@ -60,7 +60,7 @@ impl Run<'_> {
 
     /// Stops buffering: the watch back and what it buffered, in revision order, or why it
     /// stopped early (`WatchBufferOverflow`, `CompactedDuringScan`, a watch error).
-    pub(super) async fn stop_buffering(&mut self) -> Result<(Watch, Vec<Revision>), EngineError> {
+    pub(super) async fn stop_buffering(&mut self) -> Result<(Watch, Buffered), EngineError> {
         let forwarder = self.buffering.take().expect("buffering started");
         forwarder.stop().await.map_err(forward_error)
     }

@@ -3,6 +3,7 @@
 use futures::StreamExt as _;
 use mirror_core::{ErrorClass, Op, Phase};
 use mirror_scan::{ChunkCutter, ChunkedScan, Cycle, Scanner};
+use mirror_watch::Buffered;
 use tracing::{info, warn};
 
 use super::{EngineError, Restart, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
@@ -63,7 +64,7 @@ impl Run<'_> {
                     from,
                     "the watch buffer filled during the genesis replay; re-watching from the watermark"
                 );
-                (self.open_watch(from).await?, Vec::new())
+                (self.open_watch(from).await?, Buffered::default())
             }
             Err(e) => return Err(e),
         };

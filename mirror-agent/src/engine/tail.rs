@@ -7,7 +7,7 @@ use futures::FutureExt as _;
 use mirror_core::{
     now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Side,
 };
-use mirror_watch::{convert_events, prove_unchanged, IdleProof, Revision, Watch};
+use mirror_watch::{convert_events, prove_unchanged, Buffered, IdleProof, Revision, Watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -25,7 +25,7 @@ impl Run<'_> {
     pub(super) async fn tail(
         &mut self,
         watch: Watch,
-        genesis: Option<(i64, Vec<Revision>)>,
+        genesis: Option<(i64, Buffered)>,
     ) -> Result<(), EngineError> {
         self.watch = Some(watch);
         self.engine.made_progress(Progress::Healthy);

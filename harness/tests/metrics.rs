@@ -117,7 +117,9 @@ async fn metric_families_are_stable_and_deploy_files_match() {
     let with_ha: Vec<String> = types(&ha_text).into_iter().collect();
     let only_with_ha: Vec<&String> = with_ha.iter().filter(|f| !families.contains(f)).collect();
     assert_eq!(only_with_ha, [&"etcd_mirror_ha_leader gauge".to_owned()], "{ha_text}");
-    assert!(ha_text.contains("etcd_mirror_ha_leader 1"), "{ha_text}");
+    // Labelled with the link, so EtcdMirrorNoHALeader groups the replicas of each link.
+    let leader_line = |v: u8| format!("etcd_mirror_ha_leader{{link_uid=\"{}\"}} {v}", status.link_uid);
+    assert!(ha_text.contains(&leader_line(1)), "{ha_text}");
     healthy.push(Scrape::now("leader:9100", ha_text.clone()));
     let standby = AgentProcess::start(&ha).await.unwrap();
     standby
@@ -125,7 +127,7 @@ async fn metric_families_are_stable_and_deploy_files_match() {
         .await
         .unwrap();
     let standby_text = scrape(&standby).await;
-    assert!(standby_text.contains("etcd_mirror_ha_leader 0"), "{standby_text}");
+    assert!(standby_text.contains(&leader_line(0)), "{standby_text}");
     healthy.push(Scrape::now("standby:9100", standby_text));
 
     let rules = alert_rules();

@@ -194,13 +194,16 @@ impl Collector for StatusCollector {
             flag(ConditionType::TargetQuotaExhausted),
         )?;
         gauge(&mut e, "fenced", "1 while another writer holds the fence", flag(ConditionType::Fenced))?;
-        // Absent with ha off, as its help says: EtcdMirrorNoHALeader must not fire there.
+        // Absent with ha off, as its help says: EtcdMirrorNoHALeader must not fire there. The
+        // link's uid is a label, so the alert groups the replicas of one link even where one
+        // Prometheus job scrapes the agents of several links.
         if let Some(ha) = &s.ha {
-            gauge(
+            labelled_gauges(
                 &mut e,
                 "ha_leader",
-                "1 while this agent leads the HA election (0 on a standby; absent with ha off)",
-                i64::from(ha.leader),
+                "1 while this agent leads the HA election of its link_uid (0 on a standby; absent with ha off)",
+                "link_uid",
+                &[(s.link_uid.clone(), i64::from(ha.leader))],
             )?;
         }
         gauge(

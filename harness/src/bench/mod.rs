@@ -464,37 +464,52 @@ impl MakeMirror {
 /// visible in `dst`. Lags sorted ascending; a write never seen counts as the whole wait.
 async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: u64) -> anyhow::Result<Lags> {
     let total = (rate as u64 * seconds) as usize;
-    let mut stream = dst.clone().watch(prefix, Some(WatchOptions::new().with_prefix())).await?;
     let wait = Duration::from_secs(seconds + 30);
     // Keys to wait for: every put sent, then, once the writer is done, those acknowledged (a
     // refused put never appears, and waiting for it cost every refused round the whole wait).
     let (expect, expected) = tokio::sync::watch::channel(total);
-    let seen = tokio::spawn(async move {
-        let mut seen: HashMap<Vec<u8>, Instant> = HashMap::new();
-        let deadline = Instant::now() + wait;
-        while seen.len() < *expected.borrow() && Instant::now() < deadline {
-            let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(1), stream.message()).await
-            else {
-                continue;
-            };
-            let now = Instant::now();
-            for ev in resp.events() {
-                if let Some(kv) = ev.kv() {
-                    seen.entry(kv.key().to_vec()).or_insert(now);
-                }
-            }
-        }
-        seen
-    });
+    let opts = || Some(WatchOptions::new().with_prefix());
+    let seen = tokio::spawn(first_seen(dst.clone().watch(prefix, opts()).await?, expected.clone(), wait));
+    // The baseline: when a watch on the source itself sees each put. What the agent adds is the
+    // difference; what the source's own delivery takes is no part of it.
+    let at_source = tokio::spawn(first_seen(src.clone().watch(prefix, opts()).await?, expected, wait));
     let Sent { acked, refused: rejected } =
         open_loop(src.clone(), prefix.to_owned(), rate, total, tokio_util::sync::CancellationToken::new())
             .await?;
     let _ = expect.send(acked.len());
-    let seen = seen.await?;
-    let mut lags: Vec<Duration> =
-        acked.iter().map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at))).collect();
-    lags.sort();
-    Ok(Lags { lags, rejected })
+    let lags_of = |seen: HashMap<Vec<u8>, Instant>| {
+        let mut lags: Vec<Duration> = acked
+            .iter()
+            .map(|(k, at)| seen.get(k).map_or(wait, |s| s.saturating_duration_since(*at)))
+            .collect();
+        lags.sort();
+        lags
+    };
+    let lags = lags_of(seen.await?);
+    let source = lags_of(at_source.await?);
+    Ok(Lags { lags, source, rejected })
+}
+
+/// When each key first appears on `stream`, until `expected` keys have or `wait` passed.
+async fn first_seen(
+    mut stream: etcd_client::WatchStream,
+    expected: tokio::sync::watch::Receiver<usize>,
+    wait: Duration,
+) -> HashMap<Vec<u8>, Instant> {
+    let mut seen: HashMap<Vec<u8>, Instant> = HashMap::new();
+    let deadline = Instant::now() + wait;
+    while seen.len() < *expected.borrow() && Instant::now() < deadline {
+        let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(1), stream.message()).await else {
+            continue;
+        };
+        let now = Instant::now();
+        for ev in resp.events() {
+            if let Some(kv) = ev.kv() {
+                seen.entry(kv.key().to_vec()).or_insert(now);
+            }
+        }
+    }
+    seen
 }
 
 /// Rounds of [`highest_accepted`]: 10 % steps down from the refused rate, so the rate found is
@@ -582,17 +597,21 @@ impl Lags {
             n => format!(" ({n} puts refused by the source)"),
         };
         format!(
-            "p50 {:>8.2} ms p99 {:>8.2} ms{refused}",
+            "p50 {:>8.2} ms p99 {:>8.2} ms (a watch on the source: p50 {:.2} ms p99 {:.2} ms){refused}",
             ms(quantile(&self.lags, 0.5)),
-            ms(quantile(&self.lags, 0.99))
+            ms(quantile(&self.lags, 0.99)),
+            ms(quantile(&self.source, 0.5)),
+            ms(quantile(&self.source, 0.99))
         )
     }
 }
 
 /// What [`tail_lag`] measured.
 struct Lags {
-    /// Per acknowledged put, sorted.
+    /// Per acknowledged put, sorted: until the target's watch saw it.
     lags: Vec<Duration>,
+    /// The same puts until a watch on the source saw them, sorted (the baseline).
+    source: Vec<Duration>,
     /// Puts the source refused.
     rejected: usize,
 }

@@ -88,7 +88,7 @@ enum Command {
         /// Value size in bytes.
         #[arg(long, default_value_t = 100)]
         value_size: usize,
-        /// Keys for etcdctl make-mirror (slow).
+        /// Keys for etcdctl make-mirror (slow; 0 skips make-mirror and its tail rounds).
         #[arg(long, default_value_t = 3_000)]
         make_mirror_keys: usize,
         /// Tail write rates per second, open loop, comma-separated (each measured in turn).

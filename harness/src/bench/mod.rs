@@ -153,7 +153,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
             Some(mm)
         }
         Ok(None) => {
-            println!("etcdctl make-mirror: etcdctl not found, skipped");
+            println!("etcdctl make-mirror: skipped (no etcdctl, or --make-mirror-keys 0)");
             None
         }
         Err(e) => {
@@ -432,10 +432,10 @@ struct MakeMirror {
 
 impl MakeMirror {
     /// Loads `make_mirror_keys` keys, starts make-mirror and times its copy; `None` without
-    /// etcdctl.
+    /// etcdctl or with no keys asked for (make-mirror is then skipped).
     async fn start(version: EtcdVersion, plan: &BenchPlan) -> anyhow::Result<Option<MakeMirror>> {
         let etcdctl = version.etcdctl();
-        if !etcdctl.exists() {
+        if !etcdctl.exists() || plan.make_mirror_keys == 0 {
             return Ok(None);
         }
         let source = EtcdCluster::start(ClusterSpec::new(version)).await?;

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use mirror_core::{ConditionType, Fault, LastError, Phase, RetryPolicy};
+use mirror_core::{ConditionType, ErrorClass, EtcdError, Fault, LastError, Phase, RetryPolicy};
 use mirror_fence::{Checkpoint, FenceError};
 use mirror_watch::Op;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::decide::{on_write_error, OnWriteError, WriteTrouble};
-use super::{tls_fingerprint, EngineError, Progress, ReconnectCause, Run};
+use super::{tls_fingerprint, Engine, EngineError, Progress, ReconnectCause, Run};
 
 impl Run<'_> {
     /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
@@ -69,14 +69,7 @@ impl Run<'_> {
                     self.engine.made_progress(Progress::Healthy);
                     self.pace(ops.len()).await?;
                     if policy.rounds() > 0 {
-                        info!("target accepts writes again");
-                        self.engine.update(|s| {
-                            s.set_condition(ConditionType::TargetThrottled, false, "Recovered", "");
-                            s.set_condition(ConditionType::TargetQuotaExhausted, false, "Recovered", "");
-                            s.set_condition(ConditionType::TargetReachable, true, "Recovered", "");
-                        });
-                        let phase = if next.scanning { Phase::InitialSync } else { Phase::Syncing };
-                        self.engine.set_phase(phase);
+                        self.engine.note_write_recovered(next.scanning);
                     }
                     return Ok(());
                 }
@@ -97,14 +90,6 @@ impl Run<'_> {
                     (after, drop_watch, degrade, raise)
                 }
             };
-            self.engine.update(|s| {
-                s.last_error = Some(LastError {
-                    class,
-                    reason: format!("{:?}", err.fault),
-                    message: format!("{err}; retrying the write in {delay:?}"),
-                    fix: None,
-                })
-            });
             debug!(
                 watermark = next.watermark,
                 ops = ops.len(),
@@ -114,36 +99,108 @@ impl Run<'_> {
             if drop_watch && self.watch.take().is_some() {
                 warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
             }
-            if degrade {
-                self.engine.set_phase(Phase::Degraded);
-            }
-            match raise {
-                Some(WriteTrouble::QuotaExhausted) => {
-                    error!("target out of space; holding writes and probing");
-                    self.engine.update(|s| {
-                        s.set_condition(ConditionType::TargetQuotaExhausted, true, "NoSpace", err.to_string())
-                    });
-                }
-                Some(WriteTrouble::Throttled) => self.engine.update(|s| {
-                    s.set_condition(ConditionType::TargetThrottled, true, "TooManyRequests", err.to_string())
-                }),
-                Some(WriteTrouble::Unreachable) => {
-                    warn!("target unavailable for 3 rounds: {err}");
-                    self.engine.update(|s| {
-                        s.set_condition(
-                            ConditionType::TargetReachable,
-                            false,
-                            &format!("{:?}", err.fault),
-                            err.to_string(),
-                        )
-                    });
-                }
-                None => {}
-            }
+            self.engine.note_write_failed(&err, class, delay, degrade, raise);
             tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+impl Engine {
+    /// Status after a failed write that is retried in `delay`: the error stands as
+    /// `last_error`, the phase degrades where `degrade` says, and the trouble it amounts to
+    /// raises its condition.
+    pub(super) fn note_write_failed(
+        &self,
+        err: &EtcdError,
+        class: ErrorClass,
+        delay: Duration,
+        degrade: bool,
+        raise: Option<WriteTrouble>,
+    ) {
+        self.update(|s| {
+            s.last_error = Some(LastError {
+                class,
+                reason: format!("{:?}", err.fault),
+                message: format!("{err}; retrying the write in {delay:?}"),
+                fix: None,
+            })
+        });
+        if degrade {
+            self.set_phase(Phase::Degraded);
+        }
+        let (condition, status, reason) = match raise {
+            None => return,
+            Some(WriteTrouble::QuotaExhausted) => {
+                error!("target out of space; holding writes and probing");
+                (ConditionType::TargetQuotaExhausted, true, "NoSpace".to_owned())
+            }
+            Some(WriteTrouble::Throttled) => {
+                (ConditionType::TargetThrottled, true, "TooManyRequests".to_owned())
+            }
+            Some(WriteTrouble::Unreachable) => {
+                warn!("target unavailable for 3 rounds: {err}");
+                (ConditionType::TargetReachable, false, format!("{:?}", err.fault))
+            }
+        };
+        self.update(|s| s.set_condition(condition, status, &reason, err.to_string()));
+    }
+
+    /// Status once a write landed after failed tries: what they raised clears, and the phase
+    /// is the one the write belongs to again.
+    pub(super) fn note_write_recovered(&self, scanning: bool) {
+        info!("target accepts writes again");
+        self.update(|s| {
+            s.set_condition(ConditionType::TargetThrottled, false, "Recovered", "");
+            s.set_condition(ConditionType::TargetQuotaExhausted, false, "Recovered", "");
+            s.set_condition(ConditionType::TargetReachable, true, "Recovered", "");
+        });
+        self.set_phase(if scanning { Phase::InitialSync } else { Phase::Syncing });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mirror_core::{ConditionType, Config, ErrorClass, EtcdError, Phase, RetryPolicy, Side, StatusHandle};
+    use tokio_util::sync::CancellationToken;
+
+    use super::super::decide::{on_write_error, OnWriteError};
+    use super::Engine;
+
+    /// Issue #26 item 10: a target answering "too many requests" raises `TargetThrottled` with
+    /// the server's words and leaves the error as `last_error` while the write is retried; a
+    /// write that lands after it clears the condition and the phase is `syncing` again. The
+    /// engine's own path: the target's gRPC status, classified, decided, noted.
+    #[test]
+    fn a_throttled_write_raises_target_throttled_until_one_lands() {
+        let cfg = Config::from_toml_str(mirror_core::testing::MINIMAL_CONFIG).unwrap();
+        let status = StatusHandle::default();
+        let engine = Engine::new(cfg.clone(), status.clone(), CancellationToken::new());
+        let answer = tonic::Status::resource_exhausted("etcdserver: too many requests");
+        let err = EtcdError::new("txn", Side::Target, etcd_client::Error::GRpcStatus(answer));
+        let class = err.class();
+        assert_eq!(class, ErrorClass::Throttle);
+        let mut policy = RetryPolicy::new(&cfg.sync);
+        let OnWriteError::Retry { after, degrade, raise, .. } = on_write_error(class, false, &mut policy)
+        else {
+            panic!("a throttled write is retried");
+        };
+        engine.note_write_failed(&err, class, after, degrade, raise);
+        let throttled = || {
+            let s = status.read().unwrap();
+            let c = s.conditions.iter().find(|c| c.type_ == ConditionType::TargetThrottled).cloned();
+            (c.map(|c| (c.status, c.reason, c.message)), s.last_error.clone())
+        };
+        let (condition, last_error) = throttled();
+        let (raised, reason, message) = condition.expect("TargetThrottled is set");
+        assert!(raised && reason == "TooManyRequests" && message.contains("too many requests"), "{message}");
+        assert_eq!(last_error.map(|e| e.class), Some(ErrorClass::Throttle));
+
+        engine.note_write_recovered(false);
+        let (condition, _) = throttled();
+        assert_eq!(condition.map(|(raised, reason, _)| (raised, reason)), Some((false, "Recovered".into())));
+        assert_eq!(status.read().unwrap().phase, Phase::Syncing);
     }
 }

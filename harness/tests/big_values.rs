@@ -85,7 +85,7 @@ async fn large_values_sync_reconcile_verify_and_cut_over(#[case] version: EtcdVe
 /// on both sides) no longer fits beside the checkpoint put. In the scan (the value sits among
 /// 300 others, so it lands in the middle of a chunk) and in the tail it is written alone, the
 /// checkpoint following; the target ends equal. Before, the scan failed with a permanent error
-/// naming no key, or only when the value fell in a cycle's last chunk, and the tail stopped
+/// naming no key, or only when the value fell in the last chunk of a scan span, and the tail stopped
 /// with RevisionTooLarge.
 #[tokio::test]
 async fn a_value_at_the_request_limit_is_mirrored_in_scan_and_tail() {

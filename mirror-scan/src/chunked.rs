@@ -4,7 +4,8 @@
 //! [`ScanChunk`]s with a [`ChunkCutter`]; chunks span pages, so every Txn is full. Each chunk
 //! carries the *source* key it ends at: once it and every chunk before it landed, that key is
 //! the `scan_cursor` a restart resumes after. The reader runs at most `ahead` chunks in front of
-//! the writer, so memory stays about two of the writer's cycles ([`Cycle`]).
+//! the writer, so memory stays that many chunks, the writer's Txns in flight and the chunk it
+//! holds back for the cursor ([`Span`]).
 
 use etcd_client::KeyValue;
 use mirror_core::{EtcdError, KeyRewriter, Op, OpChunker};
@@ -148,34 +149,51 @@ async fn read(
     cutter.uncounted()
 }
 
-/// The chunks the writer collects before it commits them together (the last one with the
-/// cursor).
+/// The chunks written since the last checkpoint. Each chunk is held until the next one comes:
+/// the one it replaces goes out at once as a data-only Txn, and the one held when the span is
+/// full (or the scan ends) goes out last, with the cursor, once every other has landed. Only
+/// the held chunk stays in memory; the span's length sets how often the checkpoint moves,
+/// which is the one point where the writes wait for each other.
 #[derive(Debug, Default)]
-pub struct Cycle {
-    chunks: Vec<ScanChunk>,
+pub struct Span {
+    held: Option<ScanChunk>,
+    chunks: usize,
     bytes: usize,
+    keys: usize,
+    leased: u64,
 }
 
-impl Cycle {
-    /// Adds a chunk.
-    pub fn push(&mut self, chunk: ScanChunk) {
+/// A closed [`Span`]: its last chunk, which carries the cursor, and the span's counts.
+#[derive(Debug)]
+pub struct SpanEnd {
+    /// The chunk to commit together with the checkpoint.
+    pub last: ScanChunk,
+    /// Keys of the whole span, `last`'s included.
+    pub keys: usize,
+    /// Lease-backed keys of the whole span.
+    pub leased: u64,
+}
+
+impl Span {
+    /// Holds `chunk`; returns the chunk held before it, to be written data-only.
+    pub fn push(&mut self, chunk: ScanChunk) -> Option<ScanChunk> {
+        self.chunks += 1;
         self.bytes += chunk.bytes;
-        self.chunks.push(chunk);
+        self.keys += chunk.ops.len();
+        self.leased += chunk.leased;
+        self.held.replace(chunk)
     }
 
-    /// Whether the cycle holds `max_chunks` chunks or `max_bytes` bytes.
+    /// Whether the span has reached `max_chunks` chunks or `max_bytes` bytes.
     pub fn is_full(&self, max_chunks: usize, max_bytes: usize) -> bool {
-        self.chunks.len() >= max_chunks || self.bytes >= max_bytes
+        self.chunks >= max_chunks || self.bytes >= max_bytes
     }
 
-    /// Whether it holds no chunk.
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    /// The chunks, in key order.
-    pub fn into_chunks(self) -> Vec<ScanChunk> {
-        self.chunks
+    /// Ends the span (it starts over empty): the held chunk and the counts, or `None` when it
+    /// holds no chunk.
+    pub fn close(&mut self) -> Option<SpanEnd> {
+        let span = std::mem::take(self);
+        span.held.map(|last| SpanEnd { last, keys: span.keys, leased: span.leased })
     }
 }
 
@@ -225,19 +243,26 @@ mod tests {
         assert_eq!(last.cursor, b"/a/y");
     }
 
-    /// A cycle is full by chunks or by bytes.
+    /// A span holds only its newest chunk and hands back the one before it, to be written
+    /// data-only; it is full by chunks or by bytes; closing it gives the held chunk (the one to
+    /// carry the cursor) with the whole span's counts, and starts it over.
     #[test]
-    fn a_cycle_fills_by_chunks_or_bytes() {
+    fn a_span_holds_its_newest_chunk_for_the_cursor() {
         let mut c = cutter(1);
-        let mut cycle = Cycle::default();
-        assert!(cycle.is_empty());
-        for k in [b"/a/1", b"/a/2", b"/a/3"] {
-            if let Some(chunk) = c.push_key(k, &[0; 100], 0, 1) {
-                cycle.push(chunk);
+        let mut span = Span::default();
+        assert!(span.close().is_none());
+        let mut sent = Vec::new();
+        for (k, lease) in [(b"/a/1", 0), (b"/a/2", 7), (b"/a/3", 0), (b"/a/4", 0)] {
+            if let Some(chunk) = c.push_key(k, &[0; 100], lease, 1) {
+                sent.extend(span.push(chunk).map(|data| data.cursor));
             }
         }
-        assert!(cycle.is_full(2, usize::MAX) && !cycle.is_full(3, usize::MAX));
-        assert!(cycle.is_full(3, 200) && !cycle.is_full(3, 1000));
-        assert_eq!(cycle.into_chunks().len(), 2);
+        // Chunks of one key each, closed by the key after them: /a/1, /a/2, /a/3.
+        assert_eq!(sent, [b"/a/1".to_vec(), b"/a/2".to_vec()], "all but the newest go out");
+        assert!(span.is_full(3, usize::MAX) && !span.is_full(4, usize::MAX));
+        assert!(span.is_full(4, 300) && !span.is_full(4, 400));
+        let end = span.close().expect("a held chunk");
+        assert_eq!((end.last.cursor.as_slice(), end.keys, end.leased), (&b"/a/3"[..], 3, 1));
+        assert!(span.close().is_none() && !span.is_full(1, 1), "a closed span starts over");
     }
 }

@@ -325,7 +325,7 @@ impl Background {
 /// case's peak from the RSS it has now.
 /// The leased-keys case: the same keys under `plan.leases` source leases, synced to a fresh
 /// target with leases stripped, then preserved (a grant per lease before its first Txn, and the
-/// keep-alive rounds between scan cycles); the second as a ratio of the first.
+/// keep-alive rounds between scan spans); the second as a ratio of the first.
 async fn leased_sync(plan: &BenchPlan) -> anyhow::Result<()> {
     let source = EtcdCluster::start(ClusterSpec::new(plan.version)).await?;
     let mut src = source.client().await?;

@@ -1,12 +1,17 @@
 //! Genesis (SPEC §5 steps 4-7): the buffered watch, the pipelined scan and its writes.
 
+use futures::stream::FuturesUnordered;
 use futures::StreamExt as _;
 use mirror_core::{ErrorClass, Op, Phase};
-use mirror_scan::{ChunkCutter, ChunkedScan, Cycle, Scanner};
+use mirror_scan::{ChunkCutter, ChunkedScan, Scanner, Span};
 use mirror_watch::Buffered;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{EngineError, Restart, ResyncCause, Run, SCAN_CYCLE_BYTES, SCAN_CYCLE_TXNS, SCAN_TXNS_IN_FLIGHT};
+use super::{
+    EngineError, Restart, ResyncCause, Run, SCAN_READ_AHEAD, SCAN_SPAN_BYTES, SCAN_SPAN_TIME, SCAN_SPAN_TXNS,
+    SCAN_TXNS_IN_FLIGHT,
+};
 
 /// A take of the genesis replay at most this long ends it: the forwarder stops and the rest
 /// is applied with the watch unread for one short write.
@@ -102,14 +107,19 @@ impl Run<'_> {
     ///
     /// A reader task ([`ChunkedScan`]) fetches pages and cuts them into Txn-sized chunks of
     /// [`mirror_fence::nested_txn_capacity`] puts, each with the source key it ends at, up to
-    /// a cycle ahead of the writer. Chunks are written in *cycles*: every chunk of a cycle but
-    /// the last goes out as a data-only Txn carrying just the fence compare, up to
-    /// [`SCAN_TXNS_IN_FLIGHT`] at once. They all compare the same mod revision, so they never
-    /// conflict with each other, and scan keys are disjoint and idempotent, so their order does
-    /// not matter. Only when all of them have landed does the last chunk go out together with
-    /// the checkpoint put that advances `scan_cursor` to its last key: every key up to the
-    /// cursor has landed. The fence holds: a takeover moves the mod revision and every stale
-    /// Txn fails; a chunk that failed is redone through the fenced, judged commit path.
+    /// [`SCAN_READ_AHEAD`] chunks ahead of the writer. Chunks are written in *spans*
+    /// ([`Span`]): every chunk of a span but the last goes out as it comes, as a data-only Txn
+    /// carrying just the fence compare, up to [`SCAN_TXNS_IN_FLIGHT`] at once. They all compare
+    /// the same mod revision, so they never conflict with each other, and scan keys are disjoint
+    /// and idempotent, so their order does not matter. Only when all of them have landed does
+    /// the last chunk go out together with the checkpoint put that advances `scan_cursor` to its
+    /// last key: every key up to the cursor has landed. That put moves the mod revision, so it
+    /// is the one point where the writes wait; a span of [`SCAN_SPAN_TXNS`] makes it rare, and
+    /// memory holds only the Txns in flight, the read-ahead and the held chunk, however long
+    /// the span. A span also ends after [`SCAN_SPAN_TIME`], so a paced or slow scan still moves
+    /// its cursor, its progress and its leases' keep-alives every second. The fence holds: a
+    /// takeover moves the mod revision and every stale Txn fails; a chunk that failed is redone
+    /// through the fenced, judged commit path.
     pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
         let scanner = Scanner::new(
@@ -121,13 +131,18 @@ impl Run<'_> {
         )
         .resume_after(&cursor);
         let cutter = ChunkCutter::new(self.chunker(), self.engine.rewriter.clone(), r0);
-        // One cycle ahead, so the next cycle is read while this one is written; bounded, so
-        // memory stays about two cycles.
-        let mut chunks = ChunkedScan::start(scanner, cutter, SCAN_CYCLE_TXNS);
-        let mut cycle = Cycle::default();
+        let mut chunks = ChunkedScan::start(scanner, cutter, SCAN_READ_AHEAD);
+        let mut span = Span::default();
+        let mut writes = SpanWrites::default();
+        let mut data = self.writer().data_writer();
+        let mut opened = Instant::now();
         loop {
             let chunk = tokio::select! {
-                chunk = chunks.next() => chunk,
+                Some((ops, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
+                    writes.landed(ops, landed);
+                    continue;
+                }
+                chunk = chunks.next(), if writes.in_flight.len() < SCAN_TXNS_IN_FLIGHT => chunk,
                 _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 // Applied between chunks: a rate at once; a pause or new connection settings
                 // stop the scan, which resumes after its cursor.
@@ -143,14 +158,22 @@ impl Run<'_> {
                 // `stop_buffering`.
                 return Ok(());
             }
-            cycle.push(chunk);
-            if cycle.is_full(SCAN_CYCLE_TXNS, SCAN_CYCLE_BYTES) {
-                self.flush_scan_cycle(std::mem::take(&mut cycle), r0, prune).await?;
+            self.ensure_leases(&chunk.ops).await?;
+            self.pace(chunk.ops.len()).await?;
+            if let Some(chunk) = span.push(chunk) {
+                let (txn, data) = (self.txn_ops(&chunk.ops), data.clone());
+                writes.in_flight.push(Box::pin(async move {
+                    let landed = data.commit(txn).await;
+                    (chunk.ops, landed)
+                }));
+            }
+            if span.is_full(SCAN_SPAN_TXNS, SCAN_SPAN_BYTES) || opened.elapsed() >= SCAN_SPAN_TIME {
+                self.end_span(&mut span, &mut writes, r0, prune).await?;
+                data = self.writer().data_writer();
+                opened = Instant::now();
             }
         }
-        if !cycle.is_empty() {
-            self.flush_scan_cycle(cycle, r0, prune).await?;
-        }
+        self.end_span(&mut span, &mut writes, r0, prune).await?;
         // `total_keys` was a count of the scan windows at R0, which cannot leave out another
         // link's reserved keys there (a chain: an upstream link's checkpoint under our source
         // prefix); the scan skipped them, so the total does too now.
@@ -160,41 +183,49 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Writes one scan cycle: concurrent data-only Txns, then the last chunk with the cursor.
-    async fn flush_scan_cycle(&mut self, cycle: Cycle, r0: i64, prune: bool) -> Result<(), EngineError> {
-        let mut chunks = cycle.into_chunks();
-        let Some(last) = chunks.pop() else { return Ok(()) };
-        let keys = chunks.iter().map(|c| c.ops.len()).sum::<usize>() + last.ops.len();
-        let leased = chunks.iter().map(|c| c.leased).sum::<u64>() + last.leased;
-        for chunk in chunks.iter().chain(std::iter::once(&last)) {
-            self.ensure_leases(&chunk.ops).await?;
+    /// Ends a span: waits for its data-only Txns, redoes those that failed, then commits the
+    /// held chunk with the checkpoint that moves `scan_cursor` to its last key.
+    async fn end_span(
+        &mut self,
+        span: &mut Span,
+        writes: &mut SpanWrites,
+        r0: i64,
+        prune: bool,
+    ) -> Result<(), EngineError> {
+        let Some(end) = span.close() else { return Ok(()) };
+        while let Some((ops, landed)) = writes.in_flight.next().await {
+            writes.landed(ops, landed);
         }
-        let data = self.writer().data_writer();
-        let in_flight = chunks.into_iter().map(|chunk| {
-            let data = data.clone();
-            let txn = self.txn_ops(&chunk.ops);
-            async move {
-                let landed = data.commit(txn).await;
-                (chunk.ops, landed)
-            }
-        });
-        let results: Vec<(Vec<Op>, bool)> =
-            futures::stream::iter(in_flight).buffer_unordered(SCAN_TXNS_IN_FLIGHT).collect().await;
-        self.pace(keys - last.ops.len()).await?;
-        for (ops, landed) in results {
-            if !landed {
-                // Redo through the judged path: a moved fence surfaces as a FenceError there.
-                self.commit_keep(&ops).await?;
-            }
+        for ops in std::mem::take(&mut writes.failed) {
+            // Redo through the judged path: a moved fence surfaces as a FenceError there.
+            self.commit_keep(&ops).await?;
         }
-        let next = self.writer().record().scan_progress(r0, last.cursor, prune);
-        self.commit_independent(&last.ops, next).await?;
+        let next = self.writer().record().scan_progress(r0, end.last.cursor, prune);
+        self.commit_independent(&end.last.ops, next).await?;
         self.engine.update(|s| {
-            s.initial_sync.keys += keys as u64;
-            s.keys_applied_total += keys as u64;
-            s.lease_backed_keys += leased;
+            s.initial_sync.keys += end.keys as u64;
+            s.keys_applied_total += end.keys as u64;
+            s.lease_backed_keys += end.leased;
         });
         // The leases granted so far stay alive however long the scan runs (a second apart).
         self.lease_round().await
+    }
+}
+
+/// A data-only scan Txn on its way: its ops, and whether it landed.
+type DataTxn = std::pin::Pin<Box<dyn std::future::Future<Output = (Vec<Op>, bool)> + Send>>;
+
+/// The data-only Txns of the open span: those in flight, and the ops of those that failed.
+#[derive(Default)]
+struct SpanWrites {
+    in_flight: FuturesUnordered<DataTxn>,
+    failed: Vec<Vec<Op>>,
+}
+
+impl SpanWrites {
+    fn landed(&mut self, ops: Vec<Op>, landed: bool) {
+        if !landed {
+            self.failed.push(ops);
+        }
     }
 }

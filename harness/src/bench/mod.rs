@@ -176,9 +176,12 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
             mm_lags.as_ref().map_or_else(String::new, |l| format!("   make-mirror {}", l.summary()));
         println!("tail lag at {rate:>5} writes/s, open loop: agent {}{mm_text}", agent_lags.summary());
         peak_rss(&agent, &format!("tail at {rate} writes/s"), &mut f);
-        let refused = agent_lags.rejected > 0;
+        let overloaded = agent_lags.overloaded();
+        if let Some(why) = &overloaded {
+            println!("  the source did not keep up with {rate} writes/s: {why}");
+        }
         f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
-        if refused {
+        if overloaded.is_some() {
             if let Some(accepted) = highest_accepted(&src, &dst, round, rate, plan.tail_seconds).await? {
                 peak_rss(&agent, &format!("tail at {} writes/s", accepted.rate), &mut f);
                 f.tails.push(accepted);
@@ -516,10 +519,17 @@ async fn first_seen(
 /// within a tenth of the highest the source takes in full, down to 43 % of the refused rate.
 const ACCEPT_ROUNDS: u32 = 8;
 
-/// After the source refused part of `refused_rate`: offers 90 %, 81 %, ... of it, each for
-/// `seconds` like the round it follows, until a round is accepted in full, and prints and returns the
-/// agent's lags at that rate: the tail at the highest rate the source took (to within 10 %),
-/// rather than a rate the source lowered reported as met. None when no round was accepted.
+/// The p99 within which a watch on the source must see the puts for the source to count as
+/// keeping up with a rate: the agent reads that same watch, so it cannot be faster than it, and
+/// this is the tail's own bound (issue #24: p99 <= 100 ms).
+const SOURCE_WATCH_P99: Duration = Duration::from_millis(100);
+
+/// After the source did not keep up with `refused_rate` (it refused puts, or took them all but
+/// delivered them to its own watch later than [`SOURCE_WATCH_P99`]): offers 90 %, 81 %, ...
+/// of it, each for `seconds` like the round it follows, until the source keeps up, and prints
+/// and returns the agent's lags at that rate: the tail at the highest rate the source took (to
+/// within 10 %), rather than a rate the source lowered reported as met. None when it kept up
+/// with none.
 async fn highest_accepted(
     src: &Client,
     dst: &Client,
@@ -532,16 +542,13 @@ async fn highest_accepted(
         rate = rate * 9 / 10;
         let prefix = format!("/bench/lag{round}-{rate}/");
         let lags = tail_lag(src, dst, &prefix, rate, seconds).await?;
-        if lags.rejected == 0 {
-            println!(
-                "  highest rate the source accepted in full: {rate:>5} writes/s: agent {}",
-                lags.summary()
-            );
+        let Some(why) = lags.overloaded() else {
+            println!("  highest rate the source kept up with: {rate:>5} writes/s: agent {}", lags.summary());
             return Ok(Some(TailFigures { rate, agent: lags.lags, make_mirror: None }));
-        }
-        println!("  at {rate:>5} writes/s the source still refused {} puts", lags.rejected);
+        };
+        println!("  at {rate:>5} writes/s the source still did not keep up: {why}");
     }
-    println!("  the source refused part of every rate down to {rate} writes/s");
+    println!("  the source did not keep up with any rate down to {rate} writes/s");
     Ok(None)
 }
 
@@ -591,6 +598,19 @@ async fn open_loop(
 }
 
 impl Lags {
+    /// Why the source did not keep up with the offered rate (it refused puts, or its own
+    /// watch saw them later than [`SOURCE_WATCH_P99`]), or None when it did.
+    fn overloaded(&self) -> Option<String> {
+        let p99 = quantile(&self.source, 0.99);
+        if self.rejected > 0 {
+            Some(format!("it refused {} puts", self.rejected))
+        } else if p99 > SOURCE_WATCH_P99 {
+            Some(format!("it took every put, but a watch on it saw them with p99 {:.0} ms", ms(p99)))
+        } else {
+            None
+        }
+    }
+
     fn summary(&self) -> String {
         let refused = match self.rejected {
             0 => String::new(),
@@ -619,6 +639,19 @@ struct Lags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The source keeps up with a rate only when it took every put *and* its own watch saw
+    /// them within the bound; either failure is said.
+    #[test]
+    fn a_source_that_took_every_put_late_did_not_keep_up() {
+        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
+        let lags = |source: &[u64], rejected| Lags { lags: ms(&[5, 9]), source: ms(source), rejected };
+        assert_eq!(lags(&[3, 40, 90], 0).overloaded(), None);
+        let late = lags(&[3, 40, 2400], 0).overloaded().expect("late");
+        assert!(late.contains("took every put") && late.contains("2400 ms"), "{late}");
+        let refused = lags(&[3, 4], 12).overloaded().expect("refused");
+        assert!(refused.contains("refused 12 puts"), "{refused}");
+    }
 
     /// Quantiles pick from sorted lags and never index out of range.
     #[test]

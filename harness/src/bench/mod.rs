@@ -182,7 +182,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         }
         f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
         if overloaded.is_some() {
-            if let Some(accepted) = highest_accepted(&src, &dst, round, rate, plan.tail_seconds).await? {
+            if let Some(accepted) = highest_kept_up(&src, &dst, round, rate, plan.tail_seconds).await? {
                 peak_rss(&agent, &format!("tail at {} writes/s", accepted.rate), &mut f);
                 f.tails.push(accepted);
             }
@@ -515,8 +515,9 @@ async fn first_seen(
     seen
 }
 
-/// Rounds of [`highest_accepted`]: 10 % steps down from the refused rate, so the rate found is
-/// within a tenth of the highest the source takes in full, down to 43 % of the refused rate.
+/// Rounds of [`highest_kept_up`]: 10 % steps down from the rate the source did not keep up
+/// with, so the rate found is within a tenth of the highest it keeps up with, down to 43 % of
+/// the rate first offered.
 const ACCEPT_ROUNDS: u32 = 8;
 
 /// The p99 within which a watch on the source must see the puts for the source to count as
@@ -524,20 +525,20 @@ const ACCEPT_ROUNDS: u32 = 8;
 /// this is the tail's own bound (issue #24: p99 <= 100 ms).
 const SOURCE_WATCH_P99: Duration = Duration::from_millis(100);
 
-/// After the source did not keep up with `refused_rate` (it refused puts, or took them all but
+/// After the source did not keep up with `offered` (it refused puts, or took them all but
 /// delivered them to its own watch later than [`SOURCE_WATCH_P99`]): offers 90 %, 81 %, ...
 /// of it, each for `seconds` like the round it follows, until the source keeps up, and prints
-/// and returns the agent's lags at that rate: the tail at the highest rate the source took (to
-/// within 10 %), rather than a rate the source lowered reported as met. None when it kept up
-/// with none.
-async fn highest_accepted(
+/// and returns the agent's lags at that rate: the tail at the highest rate the source kept up
+/// with (to within 10 %), rather than a rate the source lowered reported as met. None when it
+/// kept up with none.
+async fn highest_kept_up(
     src: &Client,
     dst: &Client,
     round: usize,
-    refused_rate: u32,
+    offered: u32,
     seconds: u64,
 ) -> anyhow::Result<Option<TailFigures>> {
-    let mut rate = refused_rate;
+    let mut rate = offered;
     for _ in 0..ACCEPT_ROUNDS {
         rate = rate * 9 / 10;
         let prefix = format!("/bench/lag{round}-{rate}/");

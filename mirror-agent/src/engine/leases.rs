@@ -11,10 +11,10 @@
 //! first, so the revoke deletes nothing the source still held.
 //!
 //! Keep-alives and revokes run only on the engine's own task while it holds the fence (the
-//! tail every second, and the initial scan between its checkpoints, at least once a second, so a scan longer than a TTL does
-//! not let the leases it already granted lapse): after a cutover or failover, or in standby,
-//! nothing keeps the leases alive, and they run out on their TTL unless a client keeps the same
-//! IDs alive on the target.
+//! tail every second, and the initial scan between its checkpoints, at least once a second, so
+//! a scan longer than a TTL does not let the leases it already granted lapse): after a cutover
+//! or failover, or in standby, nothing keeps the leases alive, and they run out on their TTL
+//! unless a client keeps the same IDs alive on the target.
 //!
 //! A target lease with the same ID and another TTL is not this link's: `LeaseConflict`.
 

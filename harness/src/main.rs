@@ -109,6 +109,10 @@ enum Command {
         /// Stop after the agent's initial sync (ceiling, copier and agent only).
         #[arg(long)]
         sync_only: bool,
+        /// Rounds of the flat ceiling, the copier and the agent's initial sync, back to back;
+        /// each figure is the median of its rounds (the machine is shared and noisy).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// etcd version of every cluster of the run (3.5.30, 3.5.16, 3.5.1 or 3.4.23).
         #[arg(long, default_value = "3.5.30")]
         version: String,
@@ -209,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
             plot,
             agent_toml,
             sync_only,
+            rounds,
             version: v,
             leases,
             load_rate,
@@ -223,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
             plot,
             agent_toml: agent_toml.replace("\\n", "\n"),
             sync_only,
+            rounds,
             leases,
             load_rate,
         })

@@ -2,7 +2,9 @@
 //! unless `--version` names another).
 //!
 //! Every figure is printed next to baselines from the same run (the machine is shared and
-//! noisy, so absolute numbers mean little across runs):
+//! noisy, so absolute numbers mean little across runs). The flat ceiling, the copier and the
+//! agent's initial sync are measured in `--rounds` rounds (3 by default), back to back; each
+//! round is printed and each of the three figures is the median of its rounds:
 //! - the target's raw write ceiling: 4 concurrent writers of flat 128-op Txns, and the same with
 //!   nested Txns (N inner Txns of 128 - N puts in one Txn), to show where nesting stops paying;
 //! - a naive copier: one reader of exact 1 000-key windows (no Get walks the rest of the
@@ -64,6 +66,9 @@ pub struct BenchPlan {
     pub agent_toml: String,
     /// Stop after the agent's initial sync (ceiling, copier, agent only).
     pub sync_only: bool,
+    /// Rounds of the flat ceiling, the copier and the agent's sync, back to back; each figure
+    /// is the median of its rounds.
+    pub rounds: usize,
     /// etcd version of every cluster of the run.
     pub version: EtcdVersion,
     /// Leases of the leased-keys case (0: skipped): `keys` keys spread over this many source
@@ -83,11 +88,54 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     println!("etcd-mirror bench: etcd {version}, {} keys of {} B", plan.keys, plan.value_size);
     let mut f = Figures { keys: plan.keys, value_size: plan.value_size, ..Figures::default() };
 
-    f.ceiling = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, 1)).await?;
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let mut src = source.client().await?;
+    load_keys(&mut src, "/bench/", plan.keys, plan.value_size).await?;
+
+    // The flat ceiling, the copier and the agent's sync move 20-40 % between runs on a shared
+    // machine, so they are measured in rounds, back to back, and each figure is the median of
+    // its rounds. The last round's agent and target stay for the cases after it.
+    let rounds = plan.rounds.max(1);
+    let mut samples = Vec::with_capacity(rounds);
+    let mut live: Option<LiveSync> = None;
+    let mut sync_rss = None;
+    for round in 1..=rounds {
+        drop(live.take());
+        let ceiling = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, 1)).await?;
+        let copier = on_fresh_target(version, |dst| naive_copy(src.clone(), dst, plan.keys)).await?;
+        let sync = agent_sync(&plan, &source).await?;
+        println!(
+            "round {round}/{rounds}: flat ceiling {ceiling:>7.0}, copier {copier:>7.0} = {:.2} x, agent sync {:>7.0} = {:.2} x ceiling = {:.2} x copier",
+            copier / ceiling,
+            sync.rate,
+            sync.rate / ceiling,
+            sync.rate / copier
+        );
+        sync_rss = sync_rss.max(sync.agent.take_peak_rss_bytes());
+        samples.push((ceiling, copier, sync.rate));
+        live = Some(sync);
+    }
+    let LiveSync { mut agent, target, dst, cfg, .. } = live.context("no round ran")?;
+    f.ceiling = median(samples.iter().map(|s| s.0));
+    f.copier = median(samples.iter().map(|s| s.1));
+    f.agent_sync = median(samples.iter().map(|s| s.2));
+    println!("median of {rounds} round(s):");
     println!(
         "target write ceiling, {WRITERS} writers x flat {FLAT_OPS}-op Txn: {:>10.0} keys/s = 1.00 (baseline)",
         f.ceiling
     );
+    println!(
+        "naive copier (1 reader, {WRITERS} writers, no checkpoint):   {:>10.0} keys/s = {:.2} x",
+        f.copier,
+        f.copier / f.ceiling
+    );
+    println!(
+        "agent initial sync (start to last key landed):      {:>10.0} keys/s = {:.2} x ceiling = {:.2} x copier (target equal)",
+        f.agent_sync,
+        f.agent_sync / f.ceiling,
+        f.agent_sync / f.copier
+    );
+    record_rss(sync_rss, "initial sync", &mut f);
     for &n in plan.nested.iter().filter(|_| !plan.sync_only) {
         let rate = on_fresh_target(version, |c| write_ceiling(c, plan.keys, plan.value_size, n)).await?;
         println!(
@@ -98,41 +146,6 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         f.nested.push((n, rate));
     }
 
-    let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
-    let mut src = source.client().await?;
-    load_keys(&mut src, "/bench/", plan.keys, plan.value_size).await?;
-
-    f.copier = on_fresh_target(version, |dst| naive_copy(src.clone(), dst, plan.keys)).await?;
-    println!(
-        "naive copier (1 reader, {WRITERS} writers, no checkpoint):   {:>10.0} keys/s = {:.2} x",
-        f.copier,
-        f.copier / f.ceiling
-    );
-
-    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
-    let mut dst = target.client().await?;
-    let cfg = AgentConfig::new("bench", source.endpoints(), target.endpoints(), "/bench/")
-        .overlay("[sync]\nprogress_interval = \"1s\"")
-        .overlay(&plan.agent_toml);
-    let started = Instant::now();
-    let mut agent = AgentProcess::start(&cfg).await?;
-    wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
-    f.agent_sync = plan.keys as f64 / started.elapsed().as_secs_f64();
-    agent
-        .wait_for("initial sync", Duration::from_secs(600), |s| {
-            s.condition(mirror_core::ConditionType::InitialSyncComplete)
-        })
-        .await?;
-    let equal = crate::scenario::g3_of(&source, &target, &cfg).await?;
-    anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the initial sync: {equal:?}");
-    println!(
-        "agent initial sync (start to last key landed):      {:>10.0} keys/s = {:.2} x ceiling = {:.2} x copier (target equal)",
-        f.agent_sync,
-        f.agent_sync / f.ceiling,
-        f.agent_sync / f.copier
-    );
-
-    peak_rss(&agent, "initial sync", &mut f);
     if plan.leases > 0 {
         leased_sync(&plan).await?;
     }
@@ -371,8 +384,55 @@ async fn leased_sync(plan: &BenchPlan) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent after its initial sync onto a fresh target, and the sync's rate.
+struct LiveSync {
+    agent: AgentProcess,
+    target: EtcdCluster,
+    dst: Client,
+    cfg: AgentConfig,
+    /// Keys/s from the agent's start to the last key landed.
+    rate: f64,
+}
+
+/// Starts an agent from `source`'s `/bench/` onto a fresh target and times its initial sync
+/// to the last key landed ([`wait_for_landed`]); checks the target equal once after.
+async fn agent_sync(plan: &BenchPlan, source: &EtcdCluster) -> anyhow::Result<LiveSync> {
+    let target = EtcdCluster::start(ClusterSpec::new(plan.version)).await?;
+    let mut dst = target.client().await?;
+    let cfg = AgentConfig::new("bench", source.endpoints(), target.endpoints(), "/bench/")
+        .overlay("[sync]\nprogress_interval = \"1s\"")
+        .overlay(&plan.agent_toml);
+    let started = Instant::now();
+    let agent = AgentProcess::start(&cfg).await?;
+    wait_for_landed(&mut dst, "/bench/", plan.keys, Duration::from_secs(900)).await?;
+    let rate = plan.keys as f64 / started.elapsed().as_secs_f64();
+    agent
+        .wait_for("initial sync", Duration::from_secs(600), |s| {
+            s.condition(mirror_core::ConditionType::InitialSyncComplete)
+        })
+        .await?;
+    let equal = crate::scenario::g3_of(source, &target, &cfg).await?;
+    anyhow::ensure!(matches!(equal, G3::Holds { .. }), "after the initial sync: {equal:?}");
+    Ok(LiveSync { agent, target, dst, cfg, rate })
+}
+
+/// The median of `values` (the mean of the middle two for an even count; 0 for none).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn peak_rss(agent: &AgentProcess, case: &str, f: &mut Figures) {
-    match agent.take_peak_rss_bytes() {
+    record_rss(agent.take_peak_rss_bytes(), case, f);
+}
+
+fn record_rss(peak: Option<u64>, case: &str, f: &mut Figures) {
+    match peak {
         Some(b) => {
             println!("agent peak RSS, {case:<30}       {:>10.1} MiB", b as f64 / (1 << 20) as f64);
             f.peak_rss.push((case.to_owned(), b));
@@ -652,6 +712,16 @@ mod tests {
         assert!(late.contains("took every put") && late.contains("2400 ms"), "{late}");
         let refused = lags(&[3, 4], 12).overloaded().expect("refused");
         assert!(refused.contains("refused 12 puts"), "{refused}");
+    }
+
+    /// The median of an odd count is its middle value, of an even count the mean of the
+    /// middle two, in any input order.
+    #[test]
+    fn the_median_is_the_middle_of_the_sorted_rounds() {
+        assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
+        assert_eq!(median([4.0, 1.0, 3.0, 2.0].into_iter()), 2.5);
+        assert_eq!(median([7.0].into_iter()), 7.0);
+        assert_eq!(median(std::iter::empty()), 0.0);
     }
 
     /// Quantiles pick from sorted lags and never index out of range.

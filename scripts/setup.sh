@@ -87,29 +87,36 @@ debian_mirror() {
   printf '%s\n' "$uri"
 }
 
-# Downloads packages ("name=version") from one suite's index into $2/debs and unpacks them into
-# $2/root. The private state folder keeps the machine's own apt lists untouched.
-debian_download() {
-  local suite="$1" state="$2"; shift 2
-  rm -rf "$state"
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/debs"
-  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
-    "$(debian_mirror)" "$suite" >"$state/sources.list"
+# Reads one suite's index into the private state folder $2 (at most once a run: etcd 3.5.16 and
+# promtool share trixie's) and sets apt_opts for the calls below. The private state keeps the
+# machine's own apt lists untouched; the run removes it after its last download.
+debian_index() {
+  local suite="$1" state="$2"
   apt_opts=(-q -o "Dir::Etc::sourcelist=$state/sources.list" -o "Dir::Etc::sourceparts=$state/parts"
     -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o "APT::Sandbox::User=root")
+  [ -f "$state/index-read" ] && return 0
+  rm -rf "$state"
+  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts"
+  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
+    "$(debian_mirror)" "$suite" >"$state/sources.list"
   log "apt-get update ($suite index, private state in $state)"
   apt-get "${apt_opts[@]}" update >/dev/null
+  touch "$state/index-read"
 }
 
-# The version of `package` in the suite whose index debian_download just read.
+# The version of `package` in the suite whose index debian_index just read.
 debian_candidate() {
   # awk reads to the end: an early exit would SIGPIPE apt-cache, and pipefail would end the
   # script there without a word (seen once: setup stopped after the trixie index).
   apt-cache "${apt_opts[@]}" show "$1" | awk '/^Version:/ && !v { v = $2 } END { print v }'
 }
 
+# Downloads packages ("name=version") from the suite debian_index read into $1/debs and
+# unpacks them, alone, into $1/root.
 debian_unpack() {
   local state="$1"; shift
+  rm -rf "$state/debs" "$state/root"
+  mkdir -p "$state/debs"
   log "apt-get download $*"
   (cd "$state/debs" && apt-get "${apt_opts[@]}" download "$@" >/dev/null)
   for deb in "$state"/debs/*.deb; do dpkg -x "$deb" "$state/root"; done
@@ -122,7 +129,7 @@ fetch_debian_suite() {
     return 0
   fi
   local state="$tools/apt-$suite"
-  debian_download "$suite" "$state"
+  debian_index "$suite" "$state"
   local candidate; candidate="$(debian_candidate etcd-server)"
   [[ "$candidate" == "$version"-* ]] || { log "Debian $suite has etcd-server $candidate, not $version"; exit 1; }
   debian_unpack "$state" "etcd-server=$candidate" "etcd-client=$candidate"
@@ -130,8 +137,9 @@ fetch_debian_suite() {
   for name in etcd etcdctl etcdutl; do
     if [ -x "$state/root/usr/bin/$name" ]; then cp "$state/root/usr/bin/$name" "$want/$name"; fi
   done
-  rm -rf "$state"
 }
+# An index left by a run that stopped midway may be stale: every run reads its own.
+rm -rf "$tools/apt-sid" "$tools/apt-trixie" "$tools/apt-promtool"
 fetch_debian_suite 3.5.30 sid
 fetch_debian_suite 3.5.16 trixie
 
@@ -139,13 +147,13 @@ fetch_debian_suite 3.5.16 trixie
 # The alert rules in deploy/prometheus are unit-tested with `promtool test rules`
 # (harness/tests/alerts.rs). Only the test suite needs it.
 if [ ! -x "$tools/promtool/promtool" ]; then
-  state="$tools/apt-promtool"
-  debian_download trixie "$state"
+  state="$tools/apt-trixie"
+  debian_index trixie "$state"
   debian_unpack "$state" "promtool=$(debian_candidate promtool)"
   mkdir -p "$tools/promtool"
   cp "$state/root/usr/bin/promtool" "$tools/promtool/promtool"
-  rm -rf "$state"
 fi
+rm -rf "$tools/apt-sid" "$tools/apt-trixie" "$tools/apt-promtool"
 
 # Compared as strings, not piped into `grep -q`: under pipefail, grep quitting at the first match
 # can kill etcd with SIGPIPE and fail the check at random.

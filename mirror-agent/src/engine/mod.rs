@@ -382,6 +382,8 @@ struct Run<'e> {
     confirm_read: Option<tokio::task::JoinHandle<Option<(i64, String)>>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
     buffering: Option<mirror_watch::Forwarder>,
+    /// The count of the range at R0 for `initial_sync.total_keys`, beside the scan (`genesis`).
+    counting: Option<genesis::Counting>,
     /// The newest source header revision the tail's watch answered with, and when it arrived:
     /// a watermark at or above it was current then (`confirmed_time`).
     newest_header: Option<(i64, String)>,

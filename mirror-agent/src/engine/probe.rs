@@ -90,6 +90,7 @@ impl Engine {
             member_probe: None,
             confirm_read: None,
             buffering: None,
+            counting: None,
             newest_header: None,
         };
         let result = run.start(pending).await;

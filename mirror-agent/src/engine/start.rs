@@ -129,18 +129,13 @@ impl Run<'_> {
                 if require_empty {
                     self.require_empty().await?;
                 }
-                let (total, r0) = count(
-                    &mut self.source.kv_client(),
-                    &self.engine.rewriter.scan_windows(),
-                    None,
-                    Side::Source,
-                    self.timeout(),
-                )
-                .await?;
+                // R0 from a read of one key; the range's count at R0 runs beside the scan.
+                let r0 = self.source_revision().await?;
+                self.start_counting(r0);
                 let next = self.template(r0).scan_progress(r0, Vec::new(), prune);
                 self.claim(observed, next).await?;
                 self.engine.update(|s| {
-                    s.initial_sync.total_keys = total;
+                    s.initial_sync.total_keys = 0;
                     s.initial_sync.keys = 0;
                     s.lease_backed_keys = 0;
                     s.initial_sync.started = Some(now_rfc3339());

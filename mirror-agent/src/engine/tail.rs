@@ -381,9 +381,7 @@ pub(super) async fn reload_changed(reload: &mut Option<tokio::sync::watch::Recei
 }
 
 /// The result of a spawned task, or never when there is none.
-pub(super) async fn join_some<T>(
-    task: &mut Option<tokio::task::JoinHandle<T>>,
-) -> Result<T, tokio::task::JoinError> {
+pub(super) async fn join_some<F: std::future::Future + Unpin>(task: &mut Option<F>) -> F::Output {
     match task {
         Some(handle) => handle.await,
         None => std::future::pending().await,

@@ -262,6 +262,18 @@ impl AgentProcess {
         within: Duration,
         pred: impl Fn(&Status) -> bool,
     ) -> anyhow::Result<Status> {
+        self.wait_for_every(what, within, Duration::from_millis(100), pred).await
+    }
+
+    /// [`AgentProcess::wait_for`], reading `/statusz` every `every` (the bench times the agent
+    /// by its own conditions, to 10 ms, with no read of the clusters it measures).
+    pub async fn wait_for_every(
+        &self,
+        what: &str,
+        within: Duration,
+        every: Duration,
+        pred: impl Fn(&Status) -> bool,
+    ) -> anyhow::Result<Status> {
         let deadline = tokio::time::Instant::now() + within;
         let mut last = None;
         while tokio::time::Instant::now() < deadline {
@@ -271,7 +283,7 @@ impl AgentProcess {
                 }
                 last = Some(s);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(every).await;
         }
         bail!(
             "agent never reached {what} within {within:?}; last status: {last:#?}\n--- agent log ---\n{}",

@@ -151,32 +151,35 @@ async fn cutover_sees_deletes_after_the_drain() {
 /// Someone else keeps writing into the target range during the drain: the one repair pass
 /// cannot make the sides equal, so the cutover refuses with `DrainVerificationFailed` (exit 1)
 /// and the target is not promoted.
-#[tokio::test]
+///
+/// Four intruders on their own threads each put a new key after every answer: a key the repair
+/// pass deleted was put again only some puts later when they cycled through five keys, and
+/// under a loaded CI run the second comparison once came first (the cutover exited 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cutover_refuses_when_the_target_keeps_changing_under_it() {
     let (source, target) = pair().await;
     let (_src, cfg) = synced_then_stopped(&source, &target, "intruded", "/in/", 200).await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let intruder = {
+    let mut intruders = tokio::task::JoinSet::new();
+    for writer in 0..4 {
         let mut dst = target.client().await.unwrap();
         let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut round = 0u64;
+        intruders.spawn(async move {
+            let mut puts = 0u64;
             while !stop.is_cancelled() {
-                for i in 0..5 {
-                    dst.put(format!("/in/intruder-{i}"), round.to_string(), None).await.unwrap();
-                }
-                round += 1;
+                dst.put(format!("/in/intruder-{writer}-{puts}"), "x", None).await.unwrap();
+                puts += 1;
             }
-            round
-        })
-    };
+            puts
+        });
+    }
     let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
     stop.cancel();
-    let rounds = intruder.await.unwrap();
+    let puts: u64 = intruders.join_all().await.into_iter().sum();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("DrainVerificationFailed"), "{text}");
-    assert!(rounds > 0);
+    assert!(puts > 0);
     let mut dst = target.client().await.unwrap();
     assert_eq!(checkpoint(&mut dst, &cfg).await.role, Role::Mirror, "not promoted");
 }

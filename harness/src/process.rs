@@ -76,6 +76,31 @@ impl ProcessNode {
         send(pid, sig);
         Ok(())
     }
+
+    /// SIGSTOP, then waits until every thread of the member has stopped: `kill` returns before
+    /// the signal is delivered, and a Get sent right after it was once answered.
+    pub(crate) async fn freeze(&mut self) -> anyhow::Result<()> {
+        let pid = self.child.as_ref().and_then(Child::id).context("member is not running")?;
+        send(pid, libc::SIGSTOP);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !all_threads_stopped(pid) {
+            anyhow::ensure!(tokio::time::Instant::now() < deadline, "member {pid} did not stop within 5 s");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Whether every thread of `pid` is stopped (state `T`), by `/proc/PID/task/*/stat`; true where
+/// there is no `/proc` to ask.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+    tasks.flatten().all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // "tid (comm) S ...": the state follows the last ')', as comm may hold anything.
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+        matches!(state, None | Some('T' | 't'))
+    })
 }
 
 impl Drop for ProcessNode {

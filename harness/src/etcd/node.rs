@@ -115,7 +115,7 @@ impl Node {
     /// Freezes the member (SIGSTOP / docker pause): it holds connections but answers nothing.
     pub async fn pause(&mut self) -> anyhow::Result<()> {
         match &mut self.inner {
-            NodeInner::Process(p) => p.signal(libc::SIGSTOP),
+            NodeInner::Process(p) => p.freeze().await,
             NodeInner::Container(c) => c.pause().await,
         }
     }

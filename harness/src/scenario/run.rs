@@ -33,7 +33,7 @@ pub async fn run(scenario: &Scenario, opts: &RunOptions) -> anyhow::Result<()> {
         let mut world = World::start(scenario, seed, sv, tv, opts).await?;
         let outcome = steps(&mut world).await;
         if let Err(e) = &outcome {
-            report_failure(&world, e).await;
+            report_failure(&mut world, e).await;
             if opts.keep {
                 keep(&world).await;
             }
@@ -97,8 +97,9 @@ async fn spawn_background(
 }
 
 /// Prints the failure with what an operator would look at first.
-async fn report_failure(world: &World<'_>, e: &anyhow::Error) {
+async fn report_failure(world: &mut World<'_>, e: &anyhow::Error) {
     println!("FAILED: {e:#}");
+    world.report_ended_background().await;
     for (name, cluster) in [("source", &world.source), ("target", &world.target)] {
         if let Some(report) = cluster.members_disagree().await {
             println!("--- {name} etcd: {report} ---");

@@ -197,6 +197,20 @@ impl<'a> World<'a> {
         Ok(())
     }
 
+    /// Prints how each background step that has already ended went (with a failure: a
+    /// background step that failed early, a client that stopped keeping its leases, is often
+    /// why a later step failed, and would otherwise be said only at the end).
+    pub(in crate::scenario) async fn report_ended_background(&mut self) {
+        let (ended, running) = self.background.drain(..).partition(|bg| bg.handle.is_finished());
+        self.background = running;
+        for bg in ended {
+            match bg.handle.await.map_err(anyhow::Error::from).and_then(|r| r) {
+                Ok(note) => println!("--- background {} (line {}): had ended: {note}", bg.what, bg.line),
+                Err(e) => println!("--- background {} (line {}): had FAILED: {e:#}", bg.what, bg.line),
+            }
+        }
+    }
+
     pub(in crate::scenario) fn cluster(&mut self, side: SideName) -> &mut EtcdCluster {
         match side {
             SideName::Source => &mut self.source,

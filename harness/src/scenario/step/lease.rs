@@ -118,21 +118,41 @@ impl Step for KeepLeases {
     }
 }
 
+/// Keeps the leases alive every second on one stream. A stream that breaks is opened again at
+/// once, as a real client's lease keeper does, and said so on stdout: a step that failed
+/// instead would let its leases run out while the scenario's later steps blame the agent.
 async fn keep_alive(client: &mut Client, first: i64, count: i64, span: Duration) -> anyhow::Result<String> {
-    let (mut keeper, mut answers) = client.lease_keep_alive(first).await?;
-    let reader = tokio::spawn(async move { while let Ok(Some(_)) = answers.message().await {} });
     let until = Instant::now() + span;
-    let mut rounds = 0u32;
+    let (mut rounds, mut reopened) = (0u32, 0u32);
+    let (mut keeper, mut reader) = open_keeper(client, first).await?;
     while Instant::now() < until {
         for id in first..first + count {
             keeper.id = id;
-            keeper.keep_alive().await?;
+            if let Err(e) = keeper.keep_alive().await {
+                println!(
+                    "keep_leases {first}..{}: the keep-alive stream broke ({e}); opening another",
+                    first + count
+                );
+                reader.abort();
+                (keeper, reader) = open_keeper(client, id).await?;
+                reopened += 1;
+            }
         }
         rounds += 1;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     reader.abort();
-    Ok(format!("kept {count} leases alive for {span:?} ({rounds} rounds)"))
+    Ok(format!("kept {count} leases alive for {span:?} ({rounds} rounds, {reopened} streams reopened)"))
+}
+
+/// A keep-alive stream (its first request keeps `id` alive) and the task reading its answers.
+async fn open_keeper(
+    client: &mut Client,
+    id: i64,
+) -> anyhow::Result<(etcd_client::LeaseKeeper, tokio::task::JoinHandle<()>)> {
+    let (keeper, mut answers) = client.lease_keep_alive(id).await?;
+    let reader = tokio::spawn(async move { while let Ok(Some(_)) = answers.message().await {} });
+    Ok((keeper, reader))
 }
 
 /// One lease on `side` with this ID and TTL.

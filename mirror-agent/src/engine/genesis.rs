@@ -228,8 +228,8 @@ pub(super) type Counting = AbortOnDropHandle<Result<u64, EtcdError>>;
 impl Run<'_> {
     /// Counts the scan windows at `r0` for `initial_sync.total_keys` (SPEC §5 step 2) beside
     /// the scan: a count-only Get walks every key of the range in etcd's index (0.2 s at
-    /// 1 000 000 keys, a quarter of the time to the fence), and nothing the scan does waits for
-    /// the total. A source compacted past `r0` meanwhile is counted at its current revision
+    /// 1 000 000 keys, most of what the time to the fence was), and nothing the scan does waits
+    /// for the total. A source compacted past `r0` meanwhile is counted at its current revision
     /// instead (a progress figure; the scan's unpinned pages are not at `r0` either).
     pub(super) fn start_counting(&mut self, r0: i64) {
         let mut kv = self.source.kv_client();

@@ -49,23 +49,27 @@ impl ChunkCutter {
     }
 
     /// Adds one scanned key; returns the chunk it closed, which ends at the key before it.
-    pub fn push(&mut self, kv: &KeyValue) -> Option<ScanChunk> {
-        self.push_key(kv.key(), kv.value(), kv.lease(), kv.mod_revision())
+    /// Takes the key and value by value: the value moves into its put and the source key
+    /// becomes the cursor, so a key costs one new buffer (its target key), not three.
+    pub fn push(&mut self, kv: KeyValue) -> Option<ScanChunk> {
+        let (lease, mod_revision) = (kv.lease(), kv.mod_revision());
+        let (key, value) = kv.into_key_value();
+        self.push_key(key, value, lease, mod_revision)
     }
 
-    fn push_key(&mut self, key: &[u8], value: &[u8], lease: i64, mod_revision: i64) -> Option<ScanChunk> {
-        let Some(target) = self.rewriter.to_target(key) else {
+    fn push_key(&mut self, key: Vec<u8>, value: Vec<u8>, lease: i64, mod_revision: i64) -> Option<ScanChunk> {
+        let Some(target) = self.rewriter.to_target(&key) else {
             // Another link's reserved key: never written, and not in the total once the scan
             // ends (the count at R0 could not leave it out).
             self.uncounted += u64::from(mod_revision <= self.r0);
             return None;
         };
-        let closed = self.chunker.push(Op::Put { key: target, value: value.to_vec(), lease }).map(|ops| {
+        let closed = self.chunker.push(Op::Put { key: target, value, lease }).map(|ops| {
             // `key` opens the next chunk: the full one ends at the previous key.
             chunk(ops, std::mem::take(&mut self.cursor), std::mem::take(&mut self.leased))
         });
         self.leased += u64::from(lease != 0);
-        self.cursor = key.to_vec();
+        self.cursor = key;
         closed
     }
 
@@ -135,7 +139,7 @@ async fn read(
                 return cutter.uncounted();
             }
         };
-        for kv in &page.kvs {
+        for kv in page.kvs {
             if let Some(chunk) = cutter.push(kv) {
                 if tx.send(Ok(chunk)).await.is_err() {
                     return cutter.uncounted();
@@ -215,9 +219,9 @@ mod tests {
     #[test]
     fn a_chunk_ends_at_its_own_last_source_key() {
         let mut c = cutter(2);
-        assert!(c.push_key(b"/a/1", b"v", 0, 5).is_none());
-        assert!(c.push_key(b"/a/2", b"v", 7, 5).is_none());
-        let first = c.push_key(b"/a/3", b"v", 0, 5).expect("two puts fill a chunk");
+        assert!(c.push_key(b"/a/1".to_vec(), b"v".to_vec(), 0, 5).is_none());
+        assert!(c.push_key(b"/a/2".to_vec(), b"v".to_vec(), 7, 5).is_none());
+        let first = c.push_key(b"/a/3".to_vec(), b"v".to_vec(), 0, 5).expect("two puts fill a chunk");
         assert_eq!(keys(&first), [b"/b/1".as_slice(), b"/b/2"]);
         assert_eq!(first.cursor, b"/a/2");
         assert_eq!(first.leased, 1);
@@ -234,9 +238,9 @@ mod tests {
         let mut c = cutter(10);
         // A chain: an upstream link's checkpoint lies under our source prefix.
         let reserved = format!("/a/{}checkpoint", mirror_core::RESERVED_MARKER).into_bytes();
-        assert!(c.push_key(&reserved, b"v", 0, 9).is_none());
-        assert!(c.push_key(&[reserved.as_slice(), b"2"].concat(), b"v", 0, 11).is_none());
-        assert!(c.push_key(b"/a/y", b"v", 0, 11).is_none());
+        assert!(c.push_key(reserved.clone(), b"v".to_vec(), 0, 9).is_none());
+        assert!(c.push_key([reserved.as_slice(), b"2"].concat(), b"v".to_vec(), 0, 11).is_none());
+        assert!(c.push_key(b"/a/y".to_vec(), b"v".to_vec(), 0, 11).is_none());
         assert_eq!(c.uncounted(), 1, "only the key at or below R0 was in the count");
         let last = c.finish().expect("one put");
         assert_eq!(keys(&last), [b"/b/y".as_slice()]);
@@ -253,7 +257,7 @@ mod tests {
         assert!(span.close().is_none());
         let mut sent = Vec::new();
         for (k, lease) in [(b"/a/1", 0), (b"/a/2", 7), (b"/a/3", 0), (b"/a/4", 0)] {
-            if let Some(chunk) = c.push_key(k, &[0; 100], lease, 1) {
+            if let Some(chunk) = c.push_key(k.to_vec(), vec![0; 100], lease, 1) {
                 sent.extend(span.push(chunk).map(|data| data.cursor));
             }
         }

@@ -165,6 +165,31 @@ async fn restart_resumes_without_rescan() {
     assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 2_000, .. }));
 }
 
+/// A scan stopped part way and resumed after its cursor reports the whole sync's progress:
+/// `initial_sync.total_keys` is the range at R0 and `initial_sync.keys` starts from the keys
+/// the stopped run already copied, so both read 3 000 at completion (they read 0 and this
+/// run's keys only before).
+#[tokio::test]
+async fn a_resumed_scan_counts_what_the_stopped_run_copied() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, _dst) = pair.clients().await;
+    load_keys(&mut src, "/s/", 3_000, 16).await.unwrap();
+    // Paced: a 500-key Txn a second, and a span (the cursor) ends every second.
+    let cfg = pair.config("resumed", "/s/").with("[sync]\nmax_ops_per_second = 500");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let part = agent.wait_for("a span landed", SYNC_TIMEOUT, |s| s.initial_sync.keys >= 500).await.unwrap();
+    assert!(part.initial_sync.completed.is_none(), "stopped before the scan ended: {part:#?}");
+    assert_eq!(agent.terminate().await.unwrap(), Some(0));
+
+    agent.restart().await.unwrap();
+    let status = synced(&agent).await;
+    let reason =
+        status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::InitialSyncComplete);
+    assert_eq!(reason.map(|c| c.reason.as_str()), Some("Complete"), "a finished scan, not a resumed tail");
+    assert_eq!((status.initial_sync.keys, status.initial_sync.total_keys), (3_000, 3_000), "{status:#?}");
+    assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 3_000, .. }));
+}
+
 /// `require_empty` on a non-empty target writes nothing and reports `EmptyTargetViolation`.
 #[tokio::test]
 async fn require_empty_refuses_a_non_empty_target() {

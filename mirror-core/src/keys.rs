@@ -74,6 +74,21 @@ pub fn key_after(key: &[u8]) -> Vec<u8> {
     [key, &[0u8]].concat()
 }
 
+/// What is left of `windows` (disjoint, in key order) strictly after `cursor`: windows that
+/// end at or before it are dropped, and the one that goes on past it starts just after it. An
+/// empty cursor (nothing scanned yet) leaves them all.
+pub fn windows_after(windows: &[KeyRange], cursor: &[u8]) -> Vec<KeyRange> {
+    if cursor.is_empty() {
+        return windows.to_vec();
+    }
+    let after = key_after(cursor);
+    windows
+        .iter()
+        .filter(|w| cmp_end(&after, &w.end) == Ordering::Less)
+        .map(|w| KeyRange { start: w.start.clone().max(after.clone()), end: w.end.clone() })
+        .collect()
+}
+
 /// Sorts relative exclude prefixes and drops those nested under another (and duplicates).
 pub fn normalize_excludes<'a>(excludes: impl IntoIterator<Item = &'a [u8]>) -> Vec<Vec<u8>> {
     let mut all: Vec<Vec<u8>> = excludes.into_iter().map(<[u8]>::to_vec).collect();

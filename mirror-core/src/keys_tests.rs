@@ -176,3 +176,26 @@ fn dest_excludes_are_the_excluded_prefixes_under_the_destination() {
     assert_eq!(got, vec![b"/copy/nested/".to_vec(), b"/copy/tmp/".to_vec()]);
     assert!(KeyRewriter::new(b"/src/", b"/copy/", []).dest_excludes().is_empty());
 }
+
+/// A resumed scan reads (and counts) only what lies strictly after its cursor: windows that end
+/// at or before it are gone, the one it falls in starts just after it, later ones are whole.
+#[test]
+fn windows_after_a_cursor_are_what_is_left_to_scan() {
+    let r = KeyRange::prefix;
+    let windows = rewriter().scan_windows();
+    assert_eq!(windows_after(&windows, b""), windows, "nothing scanned yet");
+    // /registry/ minus the reserved namespace, events/ and leases/: four windows, the second
+    // [/registry/\0etcd-mirror0, /registry/events/).
+    assert_eq!(windows.len(), 4, "{windows:?}");
+    let left = windows_after(&windows, b"/registry/apps");
+    assert_eq!(left.len(), 3);
+    assert_eq!(left[0], KeyRange { start: b"/registry/apps\0".to_vec(), end: windows[1].end.clone() });
+    assert_eq!(left[1..], windows[2..]);
+    // A cursor in an excluded gap (a record written before the exclude) resumes at the next
+    // window, whole.
+    assert_eq!(windows_after(&windows, b"/registry/events/x")[..], windows[2..]);
+    assert!(windows_after(&windows, b"/registry0").is_empty(), "past the range: nothing left");
+    // An unbounded window (the whole keyspace) is cut, never dropped.
+    let all = [r(b"")];
+    assert_eq!(windows_after(&all, b"\xff\xff"), [KeyRange { start: b"\xff\xff\0".to_vec(), end: vec![0] }]);
+}

@@ -57,7 +57,8 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{
-    key_after, normalize_excludes, prefix_end, redact_key, KeyRange, KeyRewriter, RESERVED_MARKER,
+    key_after, normalize_excludes, prefix_end, redact_key, windows_after, KeyRange, KeyRewriter,
+    RESERVED_MARKER,
 };
 pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};

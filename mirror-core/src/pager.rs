@@ -25,7 +25,7 @@ use etcd_client::{GetOptions, GetResponse, KeyValue, KvClient};
 
 use crate::connect::unary;
 use crate::error::{EtcdError, Fault, Side};
-use crate::keys::{key_after, redact_key, KeyRange};
+use crate::keys::{key_after, redact_key, windows_after, KeyRange};
 use crate::stride::Stride;
 
 /// The largest response a reader's client accepts. Pages aim at `page_bytes` (1 MiB by
@@ -105,20 +105,10 @@ impl Pager {
 
     /// Continues strictly after `cursor` (an empty cursor means from the start).
     pub fn resume_after(mut self, cursor: &[u8]) -> Pager {
-        if cursor.is_empty() {
-            return self;
-        }
-        let after = key_after(cursor);
-        // The first window that still has keys at or after `after`.
-        self.window = self
-            .windows
-            .iter()
-            .position(|w| w.end == [0] || after.as_slice() < w.end.as_slice())
-            .unwrap_or(self.windows.len());
-        if let Some(w) = self.windows.get(self.window) {
-            self.next_key = if after.as_slice() > w.start.as_slice() { after } else { w.start.clone() };
-        }
-        self.stride = Stride::for_window(self.windows.get(self.window));
+        self.windows = windows_after(&self.windows[self.window..], cursor);
+        self.window = 0;
+        self.next_key = self.windows.first().map(|w| w.start.clone()).unwrap_or_default();
+        self.stride = Stride::for_window(self.windows.first());
         self
     }
 

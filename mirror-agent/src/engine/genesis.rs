@@ -2,7 +2,10 @@
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt as _;
-use mirror_core::{ErrorClass, EtcdError, Op, Phase, Side};
+use std::time::Duration;
+
+use etcd_client::KvClient;
+use mirror_core::{windows_after, ErrorClass, EtcdError, KeyRange, Op, Phase, Side};
 use mirror_scan::{count, ChunkCutter, ChunkedScan, Scanner, Span};
 use mirror_watch::Buffered;
 use tokio::task::JoinError;
@@ -222,44 +225,71 @@ impl Run<'_> {
     }
 }
 
-/// The range's key count at R0, taken beside the scan.
-pub(super) type Counting = AbortOnDropHandle<Result<u64, EtcdError>>;
+/// The range's key count at R0, taken beside the scan: (keys in scope, those of them at or
+/// before the cursor the scan resumed after).
+pub(super) type Counting = AbortOnDropHandle<Result<(u64, u64), EtcdError>>;
 
 impl Run<'_> {
     /// Counts the scan windows at `r0` for `initial_sync.total_keys` (SPEC §5 step 2) beside
     /// the scan: a count-only Get walks every key of the range in etcd's index (0.2 s at
     /// 1 000 000 keys, most of what the time to the fence was), and nothing the scan does waits
-    /// for the total. A source compacted past `r0` meanwhile is counted at its current revision
-    /// instead (a progress figure; the scan's unpinned pages are not at `r0` either).
-    pub(super) fn start_counting(&mut self, r0: i64) {
+    /// for the total. A scan resumed after `cursor` also counts what is left after it, so
+    /// `initial_sync.keys` starts from the keys an earlier run already copied and the two
+    /// figures show the whole sync's progress, not only this run's. A source compacted past
+    /// `r0` meanwhile is counted at its current revision instead (a progress figure; the
+    /// scan's unpinned pages are not at `r0` either).
+    pub(super) fn start_counting(&mut self, r0: i64, cursor: &[u8]) {
         let mut kv = self.source.kv_client();
-        let (windows, timeout) = (self.engine.rewriter.scan_windows(), self.timeout());
+        let windows = self.engine.rewriter.scan_windows();
+        let left = (!cursor.is_empty()).then(|| windows_after(&windows, cursor));
+        let timeout = self.timeout();
         self.counting = Some(AbortOnDropHandle::new(tokio::spawn(async move {
-            let at_r0 = count(&mut kv, &windows, Some(r0), Side::Source, timeout).await;
-            let counted = match at_r0 {
-                Err(e) if e.class() == ErrorClass::Resync => {
-                    count(&mut kv, &windows, None, Side::Source, timeout).await
+            let mut at = Some(r0);
+            loop {
+                match count_both(&mut kv, &windows, left.as_deref(), at, timeout).await {
+                    Err(e) if e.class() == ErrorClass::Resync && at.is_some() => at = None,
+                    counted => return counted,
                 }
-                counted => counted,
-            };
-            counted.map(|(total, _)| total)
+            }
         })));
     }
 
     /// Takes the count into status. A count that failed fails the run as a failed scan read
     /// does (the next run resumes after the scan's cursor).
-    fn counted(&mut self, counted: Result<Result<u64, EtcdError>, JoinError>) -> Result<(), EngineError> {
+    fn counted(
+        &mut self,
+        counted: Result<Result<(u64, u64), EtcdError>, JoinError>,
+    ) -> Result<(), EngineError> {
         self.counting = None;
         match counted {
             Ok(total) => {
-                let total = total?;
-                self.engine.update(|s| s.initial_sync.total_keys = total);
+                let (total, done) = total?;
+                self.engine.update(|s| {
+                    s.initial_sync.total_keys = total;
+                    s.initial_sync.keys += done;
+                });
             }
             // It never panics; were it ever to, the total stays unknown (0), nothing else.
             Err(e) => warn!(error = %e, "the count of the source range did not finish"),
         }
         Ok(())
     }
+}
+
+/// The keys of `windows` and, of those, the ones not in `left` (the part a resumed scan still
+/// has to read; `None` for a scan from the start), both at `revision` (`None`: the latest).
+async fn count_both(
+    kv: &mut KvClient,
+    windows: &[KeyRange],
+    left: Option<&[KeyRange]>,
+    revision: Option<i64>,
+    timeout: Duration,
+) -> Result<(u64, u64), EtcdError> {
+    let (total, header) = count(kv, windows, revision, Side::Source, timeout).await?;
+    let Some(left) = left else { return Ok((total, 0)) };
+    // Pinned to the first count's revision, so the difference is of one snapshot.
+    let (left, _) = count(kv, left, Some(header), Side::Source, timeout).await?;
+    Ok((total, total.saturating_sub(left)))
 }
 
 /// A data-only scan Txn on its way: its ops, and whether it landed.

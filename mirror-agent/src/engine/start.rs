@@ -94,6 +94,12 @@ impl Run<'_> {
             (StartPlan::ResumeScan, Some(r)) => {
                 let next = resumed(self, &r);
                 self.claim(observed, next).await?;
+                // The count says how many keys the earlier runs copied, once it answers.
+                self.start_counting(r.watermark, &r.scan_cursor);
+                self.engine.update(|s| {
+                    s.initial_sync.total_keys = 0;
+                    s.initial_sync.keys = 0;
+                });
                 self.genesis(r.watermark, r.scan_cursor.clone(), r.prune_pending).await
             }
             (StartPlan::TailFromStartRevision { start }, _) => {
@@ -131,7 +137,7 @@ impl Run<'_> {
                 }
                 // R0 from a read of one key; the range's count at R0 runs beside the scan.
                 let r0 = self.source_revision().await?;
-                self.start_counting(r0);
+                self.start_counting(r0, &[]);
                 let next = self.template(r0).scan_progress(r0, Vec::new(), prune);
                 self.claim(observed, next).await?;
                 self.engine.update(|s| {

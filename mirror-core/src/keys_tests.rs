@@ -181,7 +181,6 @@ fn dest_excludes_are_the_excluded_prefixes_under_the_destination() {
 /// at or before it are gone, the one it falls in starts just after it, later ones are whole.
 #[test]
 fn windows_after_a_cursor_are_what_is_left_to_scan() {
-    let r = KeyRange::prefix;
     let windows = rewriter().scan_windows();
     assert_eq!(windows_after(&windows, b""), windows, "nothing scanned yet");
     // /registry/ minus the reserved namespace, events/ and leases/: four windows, the second
@@ -196,6 +195,6 @@ fn windows_after_a_cursor_are_what_is_left_to_scan() {
     assert_eq!(windows_after(&windows, b"/registry/events/x")[..], windows[2..]);
     assert!(windows_after(&windows, b"/registry0").is_empty(), "past the range: nothing left");
     // An unbounded window (the whole keyspace) is cut, never dropped.
-    let all = [r(b"")];
+    let all = [KeyRange::prefix(b"")];
     assert_eq!(windows_after(&all, b"\xff\xff"), [KeyRange { start: b"\xff\xff\0".to_vec(), end: vec![0] }]);
 }

@@ -288,8 +288,8 @@ async fn count_both(
     let (total, header) = count(kv, windows, revision, Side::Source, timeout).await?;
     let Some(left) = left else { return Ok((total, 0)) };
     // Pinned to the first count's revision, so the difference is of one snapshot.
-    let (left, _) = count(kv, left, Some(header), Side::Source, timeout).await?;
-    Ok((total, total.saturating_sub(left)))
+    let (still_to_scan, _) = count(kv, left, Some(header), Side::Source, timeout).await?;
+    Ok((total, total.saturating_sub(still_to_scan)))
 }
 
 /// A data-only scan Txn on its way: its ops, and whether it landed.

@@ -167,17 +167,26 @@ async fn restart_resumes_without_rescan() {
 
 /// A scan stopped part way and resumed after its cursor reports the whole sync's progress:
 /// `initial_sync.total_keys` is the range at R0 and `initial_sync.keys` starts from the keys
-/// the stopped run already copied, so both read 3 000 at completion (they read 0 and this
-/// run's keys only before).
+/// the stopped run already copied, so both read 6 000 at completion (they read 0 and this
+/// run's keys only before). The stopped run's progress moved with each paced Txn, before any
+/// span ended.
 #[tokio::test]
 async fn a_resumed_scan_counts_what_the_stopped_run_copied() {
     let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
-    let (mut src, _dst) = pair.clients().await;
-    load_keys(&mut src, "/s/", 3_000, 16).await.unwrap();
-    // Paced: a 500-key Txn a second, and a span (the cursor) ends every second.
+    let (mut src, mut dst) = pair.clients().await;
+    load_keys(&mut src, "/s/", 6_000, 16).await.unwrap();
+    // Paced: a 500-key Txn a second; a span (the cursor) ends after 5 s.
     let cfg = pair.config("resumed", "/s/").with("[sync]\nmax_ops_per_second = 500");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
-    let part = agent.wait_for("a span landed", SYNC_TIMEOUT, |s| s.initial_sync.keys >= 500).await.unwrap();
+    let first = agent.wait_for("a Txn landed", SYNC_TIMEOUT, |s| s.initial_sync.keys >= 500).await.unwrap();
+    assert!(stored_cursor(&mut dst, &cfg).await.is_empty(), "progress before the first span end: {first:#?}");
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+    while stored_cursor(&mut dst, &cfg).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no span ended under {key:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let part = agent.status().await.unwrap();
     assert!(part.initial_sync.completed.is_none(), "stopped before the scan ended: {part:#?}");
     assert_eq!(agent.terminate().await.unwrap(), Some(0));
 
@@ -186,8 +195,16 @@ async fn a_resumed_scan_counts_what_the_stopped_run_copied() {
     let reason =
         status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::InitialSyncComplete);
     assert_eq!(reason.map(|c| c.reason.as_str()), Some("Complete"), "a finished scan, not a resumed tail");
-    assert_eq!((status.initial_sync.keys, status.initial_sync.total_keys), (3_000, 3_000), "{status:#?}");
-    assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 3_000, .. }));
+    assert_eq!((status.initial_sync.keys, status.initial_sync.total_keys), (6_000, 6_000), "{status:#?}");
+    assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 6_000, .. }));
+}
+
+/// The `scan_cursor` of the link's checkpoint on the target (empty before one is stored).
+async fn stored_cursor(dst: &mut Client, cfg: &AgentConfig) -> Vec<u8> {
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    let resp = dst.get(key, None).await.unwrap();
+    let record = resp.kvs().first().map(|kv| mirror_fence::Checkpoint::decode(kv.value()).unwrap());
+    record.map(|r| r.scan_cursor).unwrap_or_default()
 }
 
 /// `require_empty` on a non-empty target writes nothing and reports `EmptyTargetViolation`.

@@ -163,19 +163,6 @@ pub struct Span {
     held: Option<ScanChunk>,
     chunks: usize,
     bytes: usize,
-    keys: usize,
-    leased: u64,
-}
-
-/// A closed [`Span`]: its last chunk, which carries the cursor, and the span's counts.
-#[derive(Debug)]
-pub struct SpanEnd {
-    /// The chunk to commit together with the checkpoint.
-    pub last: ScanChunk,
-    /// Keys of the whole span, `last`'s included.
-    pub keys: usize,
-    /// Lease-backed keys of the whole span.
-    pub leased: u64,
 }
 
 impl Span {
@@ -183,8 +170,6 @@ impl Span {
     pub fn push(&mut self, chunk: ScanChunk) -> Option<ScanChunk> {
         self.chunks += 1;
         self.bytes += chunk.bytes;
-        self.keys += chunk.ops.len();
-        self.leased += chunk.leased;
         self.held.replace(chunk)
     }
 
@@ -193,11 +178,10 @@ impl Span {
         self.chunks >= max_chunks || self.bytes >= max_bytes
     }
 
-    /// Ends the span (it starts over empty): the held chunk and the counts, or `None` when it
-    /// holds no chunk.
-    pub fn close(&mut self) -> Option<SpanEnd> {
-        let span = std::mem::take(self);
-        span.held.map(|last| SpanEnd { last, keys: span.keys, leased: span.leased })
+    /// Ends the span (it starts over empty): the held chunk, which carries the cursor, or
+    /// `None` when it holds no chunk.
+    pub fn close(&mut self) -> Option<ScanChunk> {
+        std::mem::take(self).held
     }
 }
 
@@ -249,7 +233,7 @@ mod tests {
 
     /// A span holds only its newest chunk and hands back the one before it, to be written
     /// data-only; it is full by chunks or by bytes; closing it gives the held chunk (the one to
-    /// carry the cursor) with the whole span's counts, and starts it over.
+    /// carry the cursor), and starts it over.
     #[test]
     fn a_span_holds_its_newest_chunk_for_the_cursor() {
         let mut c = cutter(1);
@@ -265,8 +249,8 @@ mod tests {
         assert_eq!(sent, [b"/a/1".to_vec(), b"/a/2".to_vec()], "all but the newest go out");
         assert!(span.is_full(3, usize::MAX) && !span.is_full(4, usize::MAX));
         assert!(span.is_full(4, 300) && !span.is_full(4, 400));
-        let end = span.close().expect("a held chunk");
-        assert_eq!((end.last.cursor.as_slice(), end.keys, end.leased), (&b"/a/3"[..], 3, 1));
+        let last = span.close().expect("a held chunk");
+        assert_eq!((last.cursor.as_slice(), last.leased), (&b"/a/3"[..], 0));
         assert!(span.close().is_none() && !span.is_full(1, 1), "a closed span starts over");
     }
 }

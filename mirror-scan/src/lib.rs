@@ -34,7 +34,7 @@ use std::time::Duration;
 
 mod chunked;
 
-pub use chunked::{ChunkCutter, ChunkedScan, ScanChunk, Span, SpanEnd};
+pub use chunked::{ChunkCutter, ChunkedScan, ScanChunk, Span};
 
 use etcd_client::{GetOptions, KeyValue, KvClient};
 use mirror_core::{unary, EtcdError, KeyRange, KeyRewriter, Pager, PagerOptions, Side};

@@ -5,8 +5,8 @@ use futures::StreamExt as _;
 use std::time::Duration;
 
 use etcd_client::KvClient;
-use mirror_core::{windows_after, ErrorClass, EtcdError, KeyRange, Op, Phase, Side};
-use mirror_scan::{count, ChunkCutter, ChunkedScan, Scanner, Span};
+use mirror_core::{windows_after, ErrorClass, EtcdError, KeyRange, Phase, Side};
+use mirror_scan::{count, ChunkCutter, ChunkedScan, ScanChunk, Scanner, Span};
 use mirror_watch::Buffered;
 use tokio::task::JoinError;
 use tokio::time::Instant;
@@ -14,8 +14,8 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::{
-    EngineError, Restart, ResyncCause, Run, SCAN_READ_AHEAD, SCAN_SPAN_BYTES, SCAN_SPAN_TIME, SCAN_SPAN_TXNS,
-    SCAN_TXNS_IN_FLIGHT,
+    EngineError, Restart, ResyncCause, Run, SCAN_LEASE_TICK, SCAN_READ_AHEAD, SCAN_SPAN_BYTES,
+    SCAN_SPAN_TIME, SCAN_SPAN_TXNS, SCAN_TXNS_IN_FLIGHT,
 };
 
 /// A take of the genesis replay at most this long ends it: the forwarder stops and the rest
@@ -122,9 +122,10 @@ impl Run<'_> {
     /// is the one point where the writes wait; a span of [`SCAN_SPAN_TXNS`] makes it rare, and
     /// memory holds only the Txns in flight, the read-ahead and the held chunk, however long
     /// the span. A span also ends after [`SCAN_SPAN_TIME`], so a paced or slow scan still moves
-    /// its cursor, its progress and its leases' keep-alives every second. The fence holds: a
-    /// takeover moves the mod revision and every stale Txn fails; a chunk that failed is redone
-    /// through the fenced, judged commit path.
+    /// its cursor; its progress moves as each Txn lands and its leases' keep-alives go out every
+    /// [`SCAN_LEASE_TICK`], neither waiting for a span end. The fence holds: a takeover moves
+    /// the mod revision and every stale Txn fails; a chunk that failed is redone through the
+    /// fenced, judged commit path.
     pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
         let cfg = self.engine.cfg.sync.clone();
         let scanner = Scanner::new(
@@ -141,14 +142,26 @@ impl Run<'_> {
         let mut writes = SpanWrites::default();
         let mut data = self.writer().data_writer();
         let mut opened = Instant::now();
+        let mut keep_alive = tokio::time::interval(SCAN_LEASE_TICK);
+        keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let chunk = tokio::select! {
-                Some((ops, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
-                    writes.landed(ops, landed);
+                Some((chunk, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
+                    if landed {
+                        self.scanned(&chunk);
+                    } else {
+                        writes.failed.push(chunk);
+                    }
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
                     self.counted(counted)?;
+                    continue;
+                }
+                // The leases granted so far stay alive however long a span runs: keep-alives
+                // are not Txns, so they need no span end.
+                _ = keep_alive.tick() => {
+                    self.lease_round().await?;
                     continue;
                 }
                 chunk = chunks.next(), if writes.in_flight.len() < SCAN_TXNS_IN_FLIGHT => chunk,
@@ -173,7 +186,7 @@ impl Run<'_> {
                 let (txn, data) = (self.txn_ops(&chunk.ops), data.clone());
                 writes.in_flight.push(Box::pin(async move {
                     let landed = data.commit(txn).await;
-                    (chunk.ops, landed)
+                    (chunk, landed)
                 }));
             }
             if span.is_full(SCAN_SPAN_TXNS, SCAN_SPAN_BYTES) || opened.elapsed() >= SCAN_SPAN_TIME {
@@ -205,23 +218,34 @@ impl Run<'_> {
         r0: i64,
         prune: bool,
     ) -> Result<(), EngineError> {
-        let Some(end) = span.close() else { return Ok(()) };
-        while let Some((ops, landed)) = writes.in_flight.next().await {
-            writes.landed(ops, landed);
+        let Some(last) = span.close() else { return Ok(()) };
+        while let Some((chunk, landed)) = writes.in_flight.next().await {
+            if landed {
+                self.scanned(&chunk);
+            } else {
+                writes.failed.push(chunk);
+            }
         }
-        for ops in std::mem::take(&mut writes.failed) {
+        for chunk in std::mem::take(&mut writes.failed) {
             // Redo through the judged path: a moved fence surfaces as a FenceError there.
-            self.commit_keep(&ops).await?;
+            self.commit_keep(&chunk.ops).await?;
+            self.scanned(&chunk);
         }
-        let next = self.writer().record().scan_progress(r0, end.last.cursor, prune);
-        self.commit_independent(&end.last.ops, next).await?;
+        let next = self.writer().record().scan_progress(r0, last.cursor.clone(), prune);
+        self.commit_independent(&last.ops, next).await?;
+        self.scanned(&last);
+        Ok(())
+    }
+
+    /// Takes a chunk that landed into `initial_sync.keys` as it lands, not at its span's end:
+    /// the progress figure moves with every Txn, however long a span runs.
+    fn scanned(&self, chunk: &ScanChunk) {
+        let keys = chunk.ops.len() as u64;
         self.engine.update(|s| {
-            s.initial_sync.keys += end.keys as u64;
-            s.keys_applied_total += end.keys as u64;
-            s.lease_backed_keys += end.leased;
+            s.initial_sync.keys += keys;
+            s.keys_applied_total += keys;
+            s.lease_backed_keys += chunk.leased;
         });
-        // The leases granted so far stay alive however long the scan runs (a second apart).
-        self.lease_round().await
     }
 }
 
@@ -292,20 +316,12 @@ async fn count_both(
     Ok((total, total.saturating_sub(still_to_scan)))
 }
 
-/// A data-only scan Txn on its way: its ops, and whether it landed.
-type DataTxn = std::pin::Pin<Box<dyn std::future::Future<Output = (Vec<Op>, bool)> + Send>>;
+/// A data-only scan Txn on its way: its chunk, and whether it landed.
+type DataTxn = std::pin::Pin<Box<dyn std::future::Future<Output = (ScanChunk, bool)> + Send>>;
 
-/// The data-only Txns of the open span: those in flight, and the ops of those that failed.
+/// The data-only Txns of the open span: those in flight, and the chunks of those that failed.
 #[derive(Default)]
 struct SpanWrites {
     in_flight: FuturesUnordered<DataTxn>,
-    failed: Vec<Vec<Op>>,
-}
-
-impl SpanWrites {
-    fn landed(&mut self, ops: Vec<Op>, landed: bool) {
-        if !landed {
-            self.failed.push(ops);
-        }
-    }
+    failed: Vec<ScanChunk>,
 }

@@ -169,6 +169,7 @@ impl Schedule {
             Fault::Compaction => self.step(&kinds::Compact {
                 side: SideName::Source,
                 revision: RevisionRef::Named("current".into()),
+                keep: 0,
             }),
             Fault::Defrag => {
                 let side = self.side();

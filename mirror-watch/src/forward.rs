@@ -37,9 +37,18 @@ pub enum ForwardError {
     /// The buffer passed `watch_buffer_bytes`.
     #[error("the replay buffer passed its {} bytes", .0.limit)]
     Overflow(Overflow),
-    /// etcd compacted past the watch.
-    #[error("the watch was compacted")]
-    Compacted,
+    /// etcd compacted past the watch: at `at`, when the last revision read was `read_to` and
+    /// the source stood at `head`. How far `read_to` trails `at` tells a reader that stalled
+    /// (far behind) from a watcher etcd let fall behind for a moment (close).
+    #[error("the watch was compacted at {at}; read to {read_to}, the source at {head}")]
+    Compacted {
+        /// The compaction revision etcd answered with.
+        at: i64,
+        /// The last revision taken from the watch.
+        read_to: i64,
+        /// The source's revision in the cancelling response's header.
+        head: i64,
+    },
     /// The stream closed.
     #[error("the watch ended")]
     Ended,
@@ -72,7 +81,11 @@ impl Intake {
             // Only a compaction restarts genesis; any other cancel is an error of its class.
             let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
             return Err(match fault.class() {
-                ErrorClass::Resync => ForwardError::Compacted,
+                ErrorClass::Resync => ForwardError::Compacted {
+                    at: resp.compact_revision(),
+                    read_to: self.floor,
+                    head: resp.header().map_or(0, |h| h.revision()),
+                },
                 _ => ForwardError::Cancelled(resp.cancel_reason().to_owned()),
             });
         }
@@ -219,7 +232,8 @@ mod tests {
     fn compaction_cancel_and_overflow_end_forwarding() {
         let compacted =
             WatchResponse(PbWatchResponse { canceled: true, compact_revision: 7, ..Default::default() });
-        assert!(matches!(intake(1 << 20, 0).take(&compacted), Err(ForwardError::Compacted)));
+        let said = intake(1 << 20, 5).take(&compacted);
+        assert!(matches!(said, Err(ForwardError::Compacted { at: 7, read_to: 5, head: 0 })), "{said:?}");
         let denied = WatchResponse(PbWatchResponse {
             canceled: true,
             cancel_reason: "etcdserver: permission denied".into(),

@@ -71,7 +71,7 @@ fn the_spec_example_parses() {
         lease_ttl: None,
     };
     assert_eq!(shown(s.steps[0].step.as_ref()), shown(&load));
-    let compact = Compact { side: SideName::Source, revision: RevisionRef::Named("current".into()) };
+    let compact = Compact { side: SideName::Source, revision: RevisionRef::Named("current".into()), keep: 0 };
     assert_eq!(shown(s.steps[3].step.as_ref()), shown(&compact));
 }
 
@@ -102,6 +102,8 @@ fn unknown_keys_and_kinds_name_the_line() {
     assert!(e.contains("line 4") && e.contains("until"), "{e}");
     let e = error_of(&format!("{HEAD}[[step]]\ndo = \"start_agent\"\nbackground = true\n"));
     assert!(e.contains("background"), "{e}");
+    let e = error_of(&format!("{HEAD}[[step]]\ndo = \"compact\"\nside = \"source\"\nkeep = -1\n"));
+    assert!(e.contains("keep"), "{e}");
     let e = error_of("name = \"x\"\n[source]\nprefix = \"/a/\"\nmembers = 2\n");
     assert!(e.contains("source.members"), "{e}");
 }
@@ -142,6 +144,11 @@ fn steps_round_trip() {
         Box::new(Snapshot { side: SideName::Source, name: "before".into() }),
         Box::new(Restore { side: SideName::Target, name: "before".into() }),
         Box::new(Delay { side: SideName::Source, ms: 200 }),
+        Box::new(Compact {
+            side: SideName::Source,
+            revision: RevisionRef::Named("current".into()),
+            keep: 2_000,
+        }),
         Box::new(StartAgent { id: "r".into(), epoch: None, toml: None, reverse: true }),
         Box::new(LoadLeased { keys: 10, prefix: "l/".into(), first: 1, count: 5, ttl: 10, ttl_max: 60 }),
         Box::new(KeepLeases {

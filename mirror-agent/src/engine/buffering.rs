@@ -71,7 +71,10 @@ impl Run<'_> {
 fn forward_error(e: ForwardError) -> EngineError {
     match e {
         ForwardError::Overflow(overflow) => overflow.into(),
-        ForwardError::Compacted => EngineError::RestartGenesis(Restart::CompactedDuringScan),
+        e @ ForwardError::Compacted { .. } => {
+            warn!(error = %e, "the buffered source watch was compacted");
+            EngineError::RestartGenesis(Restart::CompactedDuringScan)
+        }
         ForwardError::Ended => EngineError::RestartGenesis(Restart::WatchEndedDuringScan),
         ForwardError::Panicked => EngineError::RestartGenesis(Restart::ForwarderPanicked),
         ForwardError::Read(e) => watch_error(e),

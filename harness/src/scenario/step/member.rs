@@ -147,6 +147,15 @@ pub struct Compact {
     /// `"current"` (default) or a revision.
     #[serde(default = "current")]
     pub revision: RevisionRef,
+    /// Revisions of history kept below `revision` (default 0: compact at it), as operators'
+    /// compaction keeps a retention window. Compacting a busy source at its very head cancels
+    /// any watcher etcd let fall a moment behind, however fast its client reads.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub keep: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 fn current() -> RevisionRef {
@@ -161,6 +170,7 @@ impl Step for Compact {
             RevisionRef::Named(n) if n != "current" => {
                 anyhow::bail!("revision: {n:?} (a number or \"current\")")
             }
+            _ if self.keep < 0 => anyhow::bail!("keep: {} (revisions kept, 0 or more)", self.keep),
             _ => Ok(()),
         }
     }
@@ -179,6 +189,7 @@ impl Step for Compact {
             RevisionRef::At(r) => r,
             RevisionRef::Named(_) => crate::scenario::current_revision(client).await?,
         };
+        let rev = (rev - self.keep).max(1);
         client.compact(rev, None).await?;
         Ok(format!("at {rev}"))
     }

@@ -13,6 +13,9 @@ use crate::plan::MemberPlan;
 /// Label on every harness container, for sweeping leftovers of killed test runs.
 pub const LABEL: &str = "etcd-mirror.harness";
 
+/// Tries of a pause that runc could not freeze.
+const PAUSE_TRIES: u32 = 5;
+
 /// Where a member container sees its PKI directory.
 const TLS_DIR: &str = "/tls";
 
@@ -89,8 +92,21 @@ impl ContainerNode {
         self.container.as_ref().map(|c| docker_logs(c.id())).unwrap_or_default()
     }
 
+    /// Freezes the container. runc gives up ("unable to freeze") when a task of it will not
+    /// stop in time, e.g. in an uninterruptible write on a loaded disk, and leaves it thawed:
+    /// that is tried again a few times (a CI run's chaos schedule failed on it once).
     pub(crate) async fn pause(&mut self) -> anyhow::Result<()> {
-        Ok(self.get()?.pause().await?)
+        let mut tries = 1;
+        loop {
+            match self.get()?.pause().await {
+                Ok(()) => return Ok(()),
+                Err(e) if tries < PAUSE_TRIES && e.to_string().contains("unable to freeze") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e).with_context(|| format!("after {tries} tries")),
+            }
+        }
     }
 
     pub(crate) async fn unpause(&mut self) -> anyhow::Result<()> {

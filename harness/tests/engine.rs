@@ -179,10 +179,10 @@ async fn a_resumed_scan_counts_what_the_stopped_run_copied() {
     let cfg = pair.config("resumed", "/s/").with("[sync]\nmax_ops_per_second = 500");
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
     let first = agent.wait_for("a Txn landed", SYNC_TIMEOUT, |s| s.initial_sync.keys >= 500).await.unwrap();
-    assert!(stored_cursor(&mut dst, &cfg).await.is_empty(), "progress before the first span end: {first:#?}");
     let key = cfg.parsed().unwrap().checkpoint_key();
+    assert!(stored_cursor(&mut dst, &key).await.is_empty(), "progress before the first span end: {first:#?}");
     let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
-    while stored_cursor(&mut dst, &cfg).await.is_empty() {
+    while stored_cursor(&mut dst, &key).await.is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "no span ended under {key:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -199,9 +199,8 @@ async fn a_resumed_scan_counts_what_the_stopped_run_copied() {
     assert!(matches!(g3(&pair, &cfg).await.unwrap(), G3::Holds { keys: 6_000, .. }));
 }
 
-/// The `scan_cursor` of the link's checkpoint on the target (empty before one is stored).
-async fn stored_cursor(dst: &mut Client, cfg: &AgentConfig) -> Vec<u8> {
-    let key = cfg.parsed().unwrap().checkpoint_key();
+/// The `scan_cursor` of the checkpoint under `key` on the target (empty before one is stored).
+async fn stored_cursor(dst: &mut Client, key: &[u8]) -> Vec<u8> {
     let resp = dst.get(key, None).await.unwrap();
     let record = resp.kvs().first().map(|kv| mirror_fence::Checkpoint::decode(kv.value()).unwrap());
     record.map(|r| r.scan_cursor).unwrap_or_default()

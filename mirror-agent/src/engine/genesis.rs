@@ -147,11 +147,7 @@ impl Run<'_> {
         loop {
             let chunk = tokio::select! {
                 Some((chunk, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
-                    if landed {
-                        self.scanned(&chunk);
-                    } else {
-                        writes.failed.push(chunk);
-                    }
+                    self.data_txn_ended(&mut writes, chunk, landed);
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
@@ -220,11 +216,7 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         let Some(last) = span.close() else { return Ok(()) };
         while let Some((chunk, landed)) = writes.in_flight.next().await {
-            if landed {
-                self.scanned(&chunk);
-            } else {
-                writes.failed.push(chunk);
-            }
+            self.data_txn_ended(writes, chunk, landed);
         }
         for chunk in std::mem::take(&mut writes.failed) {
             // Redo through the judged path: a moved fence surfaces as a FenceError there.
@@ -235,6 +227,16 @@ impl Run<'_> {
         self.commit_independent(&last.ops, next).await?;
         self.scanned(&last);
         Ok(())
+    }
+
+    /// A data-only Txn answered: a chunk that landed counts, one that failed is kept for the
+    /// span end to redo.
+    fn data_txn_ended(&self, writes: &mut SpanWrites, chunk: ScanChunk, landed: bool) {
+        if landed {
+            self.scanned(&chunk);
+        } else {
+            writes.failed.push(chunk);
+        }
     }
 
     /// Takes a chunk that landed into `initial_sync.keys` as it lands, not at its span's end:

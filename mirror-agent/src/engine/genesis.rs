@@ -145,9 +145,21 @@ impl Run<'_> {
         let mut keep_alive = tokio::time::interval(SCAN_LEASE_TICK);
         keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // In this order, the next chunk last: the read-ahead is nearly always ready, and an
+            // unbiased `select!` (a random first branch, the first ready one taken) left pushed
+            // Txns unsent and landed ones uncounted for several chunks (each paced, in a
+            // rate-limited scan: the resumed-scan test saw no progress before a span end).
             let chunk = tokio::select! {
+                biased;
                 Some((chunk, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
                     self.data_txn_ended(&mut writes, chunk, landed);
+                    continue;
+                }
+                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
+                // Applied between chunks: a rate at once; a pause or new connection settings
+                // stop the scan, which resumes after its cursor.
+                _ = super::tail::reload_changed(&mut self.engine.reload) => {
+                    self.engine.apply_reload()?;
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
@@ -161,13 +173,6 @@ impl Run<'_> {
                     continue;
                 }
                 chunk = chunks.next(), if writes.in_flight.len() < SCAN_TXNS_IN_FLIGHT => chunk,
-                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
-                // Applied between chunks: a rate at once; a pause or new connection settings
-                // stop the scan, which resumes after its cursor.
-                _ = super::tail::reload_changed(&mut self.engine.reload) => {
-                    self.engine.apply_reload()?;
-                    continue;
-                }
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;

@@ -9,7 +9,8 @@
 //! - [`FaultProxy`] / [`Proxies`]: cut and heal the network between the agent and one side.
 //! - [`AgentProcess`]: the real `mirror-agent` binary with a generated [`AgentConfig`], its
 //!   `/statusz`, SIGTERM and kill -9; as a child process or, [`AgentBackend::Container`], as a
-//!   container of the image `scripts/image.sh` builds, on the etcd containers' networks.
+//!   container of the image `scripts/image.sh` builds, on the etcd containers' networks;
+//!   [`Scraped`]: its `/metrics`, histograms read as the difference of two scrapes.
 //! - [`pki`]: a throwaway CA with server and client certificates; [`ClusterSpec::tls`] makes a
 //!   cluster serve them and require client certificates.
 //! - [`check_g3`]: target == source at the checkpoint watermark, callable at any moment.
@@ -43,7 +44,9 @@ pub mod promtool;
 mod proxy;
 pub mod scenario;
 
-pub use agent::{agent_binary, agent_command, AgentBackend, AgentConfig, AgentProcess, AGENT_IMAGE};
+pub use agent::{
+    agent_binary, agent_command, AgentBackend, AgentConfig, AgentProcess, Observed, Scraped, AGENT_IMAGE,
+};
 pub use check::{check_g3, check_g3_leases, difference_now, read_window, G3Violation, G3};
 pub use container::LABEL as CONTAINER_LABEL;
 pub use etcd::{

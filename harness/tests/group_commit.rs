@@ -61,15 +61,8 @@ async fn group_commit_keeps_g3_under_five_thousand_writes_per_second() {
     caught_up(&agent, &mut src).await.unwrap();
     assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { .. }));
 
-    let metrics = reqwest::get(format!("{}/metrics", agent.url())).await.unwrap().text().await.unwrap();
-    let value = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{prefix} not in /metrics"))
-    };
+    let metrics = agent.metrics().await.unwrap();
+    let value = |series: &str| metrics.sample(series).unwrap_or_else(|| panic!("{series} not in /metrics"));
     let single = value("etcd_mirror_batch_revisions_bucket{le=\"1.0\"}");
     let all = value("etcd_mirror_batch_revisions_count");
     eprintln!("tail Txns: {all}, of which single-revision: {single}; G3 checks under load: {checks}");

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{
-    difference_now, load_keys, AgentConfig, Backend, ClusterSpec, EtcdCluster, EtcdVersion, AGENT_IMAGE,
+    difference_now, load_keys, AgentConfig, Backend, ClusterSpec, EtcdCluster, EtcdVersion, Scraped,
+    AGENT_IMAGE,
 };
 
 const MANIFEST: &str = include_str!("../../deploy/kubernetes/etcd-mirror.yaml");
@@ -165,7 +166,7 @@ async fn the_image_runs_as_the_manifest_runs_it() {
 
     // Writes while running are mirrored, and the container's own /metrics counts them; then
     // SIGTERM exits 0.
-    let applied_before = sample(&http, &url, "etcd_mirror_keys_applied_total").await;
+    let applied_before = sample(&url, "etcd_mirror_keys_applied_total").await;
     assert!(applied_before >= 3_000.0, "the scan's 3 000 keys are counted: {applied_before}");
     load_keys(&mut src, "/img/later-", 500, 64).await.unwrap();
     let rev = scenario::current_revision(&mut src).await.unwrap();
@@ -182,9 +183,9 @@ async fn the_image_runs_as_the_manifest_runs_it() {
     let rewriter = config.parsed().unwrap().rewriter();
     let mut dst = target.client().await.unwrap();
     assert_eq!(difference_now(&mut src, &mut dst, &rewriter).await.unwrap(), None);
-    let applied_after = sample(&http, &url, "etcd_mirror_keys_applied_total").await;
+    let applied_after = sample(&url, "etcd_mirror_keys_applied_total").await;
     assert!(applied_after >= applied_before + 500.0, "{applied_before} -> {applied_after}");
-    assert!(sample(&http, &url, "etcd_mirror_watermark").await >= rev as f64);
+    assert!(sample(&url, "etcd_mirror_watermark").await >= rev as f64);
 
     docker(&["stop", "--time", "30", &id]);
     assert_eq!(inspect(&id, "{{.State.ExitCode}}"), "0", "{}", docker(&["logs", &id]));
@@ -197,11 +198,9 @@ async fn the_image_runs_as_the_manifest_runs_it() {
 }
 
 /// The value of the unlabelled sample `name` in the agent's `/metrics`.
-async fn sample(http: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = http.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
-    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
-    let value = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok());
-    value.unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{text}"))
+async fn sample(url: &str, name: &str) -> f64 {
+    let scraped = Scraped::get(url).await.unwrap();
+    scraped.sample(name).unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{}", scraped.text()))
 }
 
 /// Removes the container, also when the test fails.

@@ -42,9 +42,8 @@ async fn fails_with(cfg: &AgentConfig, reason: &str) -> String {
 
 /// `etcd_mirror_tls_cert_expiry_timestamp_seconds{side,kind}` as scraped from the agent.
 async fn cert_expiry(agent: &AgentProcess, side: &str, kind: &str) -> Option<i64> {
-    let text = reqwest::get(format!("{}/metrics", agent.url())).await.ok()?.text().await.ok()?;
-    let series = format!("etcd_mirror_tls_cert_expiry_timestamp_seconds{{side=\"{side}\",kind=\"{kind}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(series.as_str())).and_then(|v| v.trim().parse().ok())
+    let series = format!("etcd_mirror_tls_cert_expiry_timestamp_seconds{{side=\"{side}\",kind=\"{kind}\"}}");
+    agent.metrics().await.ok()?.sample(&series).map(|v| v as i64)
 }
 
 /// Both servers require client certificates: the agent mirrors, reports the expiry of what it

@@ -1,8 +1,10 @@
 //! Running the real `mirror-agent` binary as a child process, as an operator would.
 
 mod config;
+mod metrics;
 
 pub use config::{agent_binary, agent_command, AgentConfig};
+pub use metrics::{Observed, Scraped};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -248,6 +250,11 @@ impl AgentProcess {
             .await?
             .error_for_status()?;
         Ok(resp.json().await?)
+    }
+
+    /// GET /metrics.
+    pub async fn metrics(&self) -> anyhow::Result<Scraped> {
+        Scraped::get(&self.url()).await
     }
 
     /// GET a path, returning the HTTP status code.

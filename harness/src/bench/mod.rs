@@ -13,7 +13,9 @@
 //!   read every 10 ms: [`until_synced`]), then checked equal once;
 //! - `etcdctl make-mirror`'s initial sync (that version's etcdctl), on a pair of its own;
 //! - tail lag p50/p99 for the agent and for make-mirror at each offered rate, open loop (every
-//!   put is sent at its due time, on its own task, so a slow system cannot lower the rate);
+//!   put is sent at its due time, on its own task, so a slow system cannot lower the rate),
+//!   beside a watch on the source (its own delivery) and the agent's Txns over the same window
+//!   (from sent to landed, and revisions per Txn: [`Commits`]);
 //! - a reconcile pass (diff of both whole ranges, nothing to repair) in keys/s;
 //! - the loaded case ([`loaded_sync`]): the same initial sync onto a fresh target while the
 //!   source takes `--load-rate` writes/s, the tail lag over the minute after it, G3, and a
@@ -34,7 +36,9 @@ use tokio::time::Instant;
 mod baselines;
 
 pub use crate::figures::{quantile, Figures, LoadedFigures, TailFigures};
-use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
+use crate::{
+    load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, Observed, Scraped, G3,
+};
 use baselines::{inner_ops, key, naive_copy, write_ceiling};
 
 /// Puts per flat Txn: etcd's default `--max-txn-ops` and the agent's default Txn size.
@@ -176,7 +180,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
 
     for (round, &rate) in plan.tail_rates.iter().enumerate() {
         let prefix = format!("/bench/lag{round}/");
-        let agent_lags = tail_lag(&src, &dst, &prefix, rate, plan.tail_seconds).await?;
+        let agent_lags = agent_tail_lag(&agent, &src, &dst, &prefix, rate, plan.tail_seconds).await?;
         let mm_lags = match &make_mirror {
             Some(mm) => {
                 let prefix = format!("/mm/lag{round}/");
@@ -187,6 +191,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         let mm_text =
             mm_lags.as_ref().map_or_else(String::new, |l| format!("   make-mirror {}", l.summary()));
         println!("tail lag at {rate:>5} writes/s, open loop: agent {}{mm_text}", agent_lags.summary());
+        agent_lags.print_commits();
         peak_rss(&agent, &format!("tail at {rate} writes/s"), &mut f);
         let overloaded = agent_lags.overloaded();
         if let Some(why) = &overloaded {
@@ -194,7 +199,9 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
         }
         f.tails.push(TailFigures { rate, agent: agent_lags.lags, make_mirror: mm_lags.map(|l| l.lags) });
         if overloaded.is_some() {
-            if let Some(accepted) = highest_kept_up(&src, &dst, round, rate, plan.tail_seconds).await? {
+            if let Some(accepted) =
+                highest_kept_up(&agent, &src, &dst, round, rate, plan.tail_seconds).await?
+            {
                 peak_rss(&agent, &format!("tail at {} writes/s", accepted.rate), &mut f);
                 f.tails.push(accepted);
             }
@@ -262,9 +269,10 @@ async fn loaded_sync(
     );
     peak_rss(&agent, &format!("sync under {rate} writes/s"), f);
 
-    let after = tail_lag(src, &dst, "/bench/after/", rate, 60).await?;
+    let after = agent_tail_lag(&agent, src, &dst, "/bench/after/", rate, 60).await?;
     refused += after.rejected;
     println!("tail lag in the minute after it, {rate} writes/s: agent {}", after.summary());
+    after.print_commits();
     let equal = crate::scenario::g3_of(source, &target, &cfg).await?;
     let G3::Holds { keys: held, watermark } = equal else {
         anyhow::bail!("after the loaded sync: {equal:?}");
@@ -555,7 +563,22 @@ async fn tail_lag(src: &Client, dst: &Client, prefix: &str, rate: u32, seconds: 
     };
     let lags = lags_of(seen.await?);
     let source = lags_of(at_source.await?);
-    Ok(Lags { lags, source, rejected })
+    Ok(Lags { lags, source, rejected, commits: None })
+}
+
+/// [`tail_lag`] through `agent`, with what its Txns took meanwhile ([`Commits`]).
+async fn agent_tail_lag(
+    agent: &AgentProcess,
+    src: &Client,
+    dst: &Client,
+    prefix: &str,
+    rate: u32,
+    seconds: u64,
+) -> anyhow::Result<Lags> {
+    let before = agent.metrics().await?;
+    let mut lags = tail_lag(src, dst, prefix, rate, seconds).await?;
+    lags.commits = Some(Commits::between(&before, &agent.metrics().await?));
+    Ok(lags)
 }
 
 /// When each key first appears on `stream`, until `expected` keys have or `wait` passed.
@@ -597,6 +620,7 @@ const SOURCE_WATCH_P99: Duration = Duration::from_millis(100);
 /// with (to within 10 %), rather than a rate the source lowered reported as met. None when it
 /// kept up with none.
 async fn highest_kept_up(
+    agent: &AgentProcess,
     src: &Client,
     dst: &Client,
     round: usize,
@@ -607,9 +631,10 @@ async fn highest_kept_up(
     for _ in 0..ACCEPT_ROUNDS {
         rate = rate * 9 / 10;
         let prefix = format!("/bench/lag{round}-{rate}/");
-        let lags = tail_lag(src, dst, &prefix, rate, seconds).await?;
+        let lags = agent_tail_lag(agent, src, dst, &prefix, rate, seconds).await?;
         let Some(why) = lags.overloaded() else {
             println!("  highest rate the source kept up with: {rate:>5} writes/s: agent {}", lags.summary());
+            lags.print_commits();
             return Ok(Some(TailFigures { rate, agent: lags.lags, make_mirror: None }));
         };
         println!("  at {rate:>5} writes/s the source still did not keep up: {why}");
@@ -677,6 +702,13 @@ impl Lags {
         }
     }
 
+    /// The agent's Txns over the window, on a line of their own (nothing for make-mirror).
+    fn print_commits(&self) {
+        if let Some(commits) = &self.commits {
+            println!("  {commits}");
+        }
+    }
+
     fn summary(&self) -> String {
         let refused = match self.rejected {
             0 => String::new(),
@@ -700,6 +732,47 @@ struct Lags {
     source: Vec<Duration>,
     /// Puts the source refused.
     rejected: usize,
+    /// The agent's Txns meanwhile (None for make-mirror).
+    commits: Option<Commits>,
+}
+
+/// The agent's fenced Txns over a tail window, from two scrapes of its `/metrics`: how long
+/// each took from sent to landed (`etcd_mirror_apply_latency_seconds`: the target's commit
+/// and the way there and back), and how many source revisions each carried
+/// (`etcd_mirror_batch_revisions`, group commit). A put's lag is the source watch's delivery,
+/// then the wait for the Txn before it, then its own Txn, then the target watch's delivery:
+/// this separates the middle two from the rest.
+struct Commits {
+    latency: Observed,
+    revisions: Observed,
+}
+
+impl Commits {
+    fn between(before: &Scraped, after: &Scraped) -> Commits {
+        Commits {
+            latency: after.histogram_since(before, "etcd_mirror_apply_latency_seconds"),
+            revisions: after.histogram_since(before, "etcd_mirror_batch_revisions"),
+        }
+    }
+}
+
+impl std::fmt::Display for Commits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |s: Option<f64>| match s {
+            Some(s) if s.is_finite() => format!("{:.1} ms", s * 1e3),
+            Some(_) => "above the last bucket".to_owned(),
+            None => "-".to_owned(),
+        };
+        write!(
+            f,
+            "its {} Txns meanwhile took p50 <= {}, p99 <= {} (mean {}) from sent to landed; {:.1} revisions per tail Txn",
+            self.latency.count,
+            ms(self.latency.quantile_at_most(0.5)),
+            ms(self.latency.quantile_at_most(0.99)),
+            ms(self.latency.mean()),
+            self.revisions.mean().unwrap_or(0.0)
+        )
+    }
 }
 
 #[cfg(test)]
@@ -711,7 +784,12 @@ mod tests {
     #[test]
     fn a_source_that_took_every_put_late_did_not_keep_up() {
         let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
-        let lags = |source: &[u64], rejected| Lags { lags: ms(&[5, 9]), source: ms(source), rejected };
+        let lags = |source: &[u64], rejected| Lags {
+            lags: ms(&[5, 9]),
+            source: ms(source),
+            rejected,
+            commits: None,
+        };
         assert_eq!(lags(&[3, 40, 90], 0).overloaded(), None);
         let late = lags(&[3, 40, 2400], 0).overloaded().expect("late");
         assert!(late.contains("took every put") && late.contains("2400 ms"), "{late}");

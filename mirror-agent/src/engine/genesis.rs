@@ -14,7 +14,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::{
-    EngineError, Restart, ResyncCause, Run, SCAN_LEASE_TICK, SCAN_READ_AHEAD, SCAN_SPAN_BYTES,
+    EngineError, Restart, ResyncCause, Run, PASS_LEASE_TICK, SCAN_READ_AHEAD, SCAN_SPAN_BYTES,
     SCAN_SPAN_TIME, SCAN_SPAN_TXNS, SCAN_TXNS_IN_FLIGHT,
 };
 
@@ -123,7 +123,7 @@ impl Run<'_> {
     /// memory holds only the Txns in flight, the read-ahead and the held chunk, however long
     /// the span. A span also ends after [`SCAN_SPAN_TIME`], so a paced or slow scan still moves
     /// its cursor; its progress moves as each Txn lands and its leases' keep-alives go out every
-    /// [`SCAN_LEASE_TICK`], neither waiting for a span end. The fence holds: a takeover moves
+    /// [`PASS_LEASE_TICK`], neither waiting for a span end. The fence holds: a takeover moves
     /// the mod revision and every stale Txn fails; a chunk that failed is redone through the
     /// fenced, judged commit path.
     pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
@@ -142,7 +142,7 @@ impl Run<'_> {
         let mut writes = SpanWrites::default();
         let mut data = self.writer().data_writer();
         let mut opened = Instant::now();
-        let mut keep_alive = tokio::time::interval(SCAN_LEASE_TICK);
+        let mut keep_alive = tokio::time::interval(PASS_LEASE_TICK);
         keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // In this order, the next chunk last: the read-ahead is nearly always ready, and an

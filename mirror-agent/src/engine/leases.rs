@@ -11,8 +11,9 @@
 //! first, so the revoke deletes nothing the source still held.
 //!
 //! Keep-alives and revokes run only on the engine's own task while it holds the fence (the
-//! tail every second, and the initial scan between its checkpoints, at least once a second, so
-//! a scan longer than a TTL does not let the leases it already granted lapse): after a cutover
+//! tail every second, and the initial scan, the prune sweep after it and a reconcile pass
+//! beside their reads and writes, at least once a second, so a pass longer than a TTL does not
+//! let the leases already granted lapse and take their keys on the target): after a cutover
 //! or failover, or in standby, nothing keeps the leases alive, and they run out on their TTL
 //! unless a client keeps the same IDs alive on the target.
 //!

@@ -126,12 +126,14 @@ const SCAN_SPAN_TXNS: usize = 256;
 const SCAN_SPAN_BYTES: usize = 32 << 20;
 /// Time that ends a scan span (a paced or slow scan), so a restart redoes at most this much
 /// writing. `initial_sync.keys` moves with every Txn that lands and the keep-alives every
-/// [`SCAN_LEASE_TICK`], so neither waits for a span end. It was 1 s while they did: a
+/// [`PASS_LEASE_TICK`], so neither waits for a span end. It was 1 s while they did: a
 /// 100 000 x 256 B sync (1.5 s) then paid 61-98 ms at its one mid-scan span end, the writes
 /// drained and the checkpoint alone in flight.
 const SCAN_SPAN_TIME: Duration = Duration::from_secs(5);
-/// How often the scan keeps the leases it granted alive (between chunks, beside the writes).
-const SCAN_LEASE_TICK: Duration = Duration::from_secs(1);
+/// How often a long pass on the engine's task (the scan, the prune sweep, a reconcile pass)
+/// keeps the target leases alive: the tail's own tick does not run meanwhile, and a lease
+/// whose TTL ran out on the target takes its keys with it while the source's still lives.
+const PASS_LEASE_TICK: Duration = Duration::from_secs(1);
 
 /// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
 const DRAIN_SETTLE_ATTEMPTS: u32 = 5;

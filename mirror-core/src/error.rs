@@ -95,6 +95,10 @@ pub enum Fault {
     Unavailable,
     /// A deadline passed or the client cancelled.
     Timeout,
+    /// `requested lease not found`: a put named a lease the server does not hold (on the
+    /// target: one this link granted ran out there, e.g. while the target was cut off for
+    /// longer than its TTL). Retried once the lease is granted again.
+    LeaseNotFound,
     /// A request the server considers malformed (a bug, or a config the server refuses).
     InvalidRequest,
     /// Anything else.
@@ -120,6 +124,7 @@ impl Fault {
             // they happen before the first successful connect, where they mean a wrong config.
             Fault::TlsConfig | Fault::TlsRejected => ErrorClass::Transient,
             Fault::InvalidToken
+            | Fault::LeaseNotFound
             | Fault::NoLeader
             | Fault::ElectionNoLeader
             | Fault::Unavailable
@@ -178,6 +183,7 @@ impl Fault {
             Code::InvalidArgument if has("authentication failed") => Fault::AuthFailed,
             Code::InvalidArgument => Fault::InvalidRequest,
             Code::PermissionDenied => Fault::PermissionDenied,
+            Code::NotFound if has("requested lease not found") => Fault::LeaseNotFound,
             Code::Unauthenticated if has("invalid auth token") => Fault::InvalidToken,
             Code::Unauthenticated => Fault::AuthFailed,
             Code::FailedPrecondition if has("authentication is not enabled") => Fault::AuthFailed,
@@ -269,6 +275,7 @@ mod tests {
             (Code::InvalidArgument, "etcdserver: too many operations in txn request", ErrorClass::Permanent),
             (Code::PermissionDenied, "etcdserver: permission denied", ErrorClass::Permanent),
             (Code::Unavailable, "etcdserver: no leader", ErrorClass::Transient),
+            (Code::NotFound, "etcdserver: requested lease not found", ErrorClass::Transient),
             (Code::Unknown, "transport: broken pipe", ErrorClass::Transient),
             (Code::Cancelled, "Timeout expired", ErrorClass::Transient),
         ];
@@ -283,5 +290,14 @@ mod tests {
     fn an_election_without_leader_is_told_from_a_cluster_without_one() {
         assert_eq!(Fault::of_status(Code::Unknown, "election: no leader"), Fault::ElectionNoLeader);
         assert_eq!(Fault::of_status(Code::Unavailable, "etcdserver: no leader"), Fault::NoLeader);
+    }
+
+    /// A lease the server does not hold is its own fault (the engine grants it again), not
+    /// another `NotFound`.
+    #[test]
+    fn a_missing_lease_is_told_from_other_not_found_answers() {
+        let missing = Fault::of_status(Code::NotFound, "etcdserver: requested lease not found");
+        assert_eq!(missing, Fault::LeaseNotFound);
+        assert_eq!(Fault::of_status(Code::NotFound, "etcdserver: member not found"), Fault::Other);
     }
 }

@@ -76,6 +76,10 @@ impl Run<'_> {
                 Err(FenceError::Etcd(e)) => e,
                 Err(f) => return Err(f.into()),
             };
+            if err.fault == Fault::LeaseNotFound && self.cfg().sync.leases == mirror_core::LeaseMode::Preserve
+            {
+                self.lease_lapsed(ops).await?;
+            }
             let class = err.class();
             let tls_changed =
                 err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files;

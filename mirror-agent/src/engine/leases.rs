@@ -66,6 +66,8 @@ pub(super) struct Leases {
     pub keepalive_lag: Duration,
     /// Not before this does the next tick run (a second apart, whoever calls).
     next_tick: Option<Instant>,
+    /// Whether [`Leases::adopt`] ran: only then is `granted` what this run keeps.
+    adopted: bool,
 }
 
 impl Leases {
@@ -85,18 +87,22 @@ impl Leases {
     }
 
     /// At start: adopts the target leases a previous run granted (same ID and TTL as a live
-    /// source lease), so they are kept alive although no write names them again.
+    /// source lease), so they are kept alive although no write names them again. Returns those
+    /// of `held` (what the last run of this process kept) whose source lease lives but that the
+    /// target no longer holds: they ran out there meanwhile.
     pub async fn adopt(
         &mut self,
         source: &Client,
         target: &Client,
+        held: &std::collections::BTreeSet<i64>,
         timeout: Duration,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<i64>, EngineError> {
         if !self.enabled {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let live = list(source, Side::Source, timeout).await?.0;
         let there = list(target, Side::Target, timeout).await?.0;
+        let lapsed = held.iter().filter(|id| live.contains(id) && !there.contains(id)).copied().collect();
         for id in live.intersection(&there) {
             let (Some(s), Some(t)) = (
                 ttl_of(source, Side::Source, *id, timeout).await?,
@@ -111,7 +117,14 @@ impl Leases {
         if !self.granted.is_empty() {
             info!(leases = self.granted.len(), "adopted the target leases of an earlier run");
         }
-        Ok(())
+        self.adopted = true;
+        Ok(lapsed)
+    }
+
+    /// The leases this run keeps on the target, once [`Leases::adopt`] ran (None before, and
+    /// without `preserve`).
+    pub fn held(&self) -> Option<std::collections::BTreeSet<i64>> {
+        (self.enabled && self.adopted).then(|| self.granted.keys().copied().collect())
     }
 
     /// Grants on the target every source lease `ops` put keys under that it does not hold yet.
@@ -153,6 +166,24 @@ impl Leases {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The target answered that a lease `ops` put keys under does not exist: it ran out there
+    /// (the target cut off, or the agent stopped, for longer than its TTL). Forgets every lease
+    /// of `ops` (the answer does not say which), so [`Leases::ensure`] grants them again, and
+    /// returns their IDs.
+    pub fn lapsed(&mut self, ops: &[Op]) -> Vec<i64> {
+        let named: HashSet<i64> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put { lease, .. } if *lease != 0 => Some(*lease),
+                _ => None,
+            })
+            .collect();
+        self.granted.retain(|id, _| !named.contains(id));
+        let mut named: Vec<i64> = named.into_iter().collect();
+        named.sort_unstable();
+        named
     }
 
     /// Keeps alive the leases whose source lease lives and that are due; marks the others gone
@@ -252,6 +283,20 @@ impl Run<'_> {
         self.leases.ensure(&self.source, &self.target, ops, timeout).await?;
         self.report_leases();
         Ok(())
+    }
+
+    /// A write met `requested lease not found`: a target lease of `ops` ran out. Grants them
+    /// again (the retry then lands, its keys under the same IDs) and owes a reconcile pass: the
+    /// expiry deleted every target key under the lease, and this write puts back only its own.
+    pub(super) async fn lease_lapsed(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+        let lapsed = self.leases.lapsed(ops);
+        warn!(
+            ?lapsed,
+            "a target lease ran out (cut off from the target, or stopped, for longer than its TTL): \
+             granting it again; a reconcile pass puts back the keys its expiry deleted"
+        );
+        self.engine.repair_owed = true;
+        self.ensure_leases(ops).await
     }
 
     /// The tail's lease round: keep-alives due, revokes the watermark has passed.

@@ -260,7 +260,15 @@ impl Run<'_> {
         self.writer = Some(writer);
         // Only the fence holder keeps leases: a previous run's are kept alive from now on.
         let timeout = self.timeout();
-        self.leases.adopt(&self.source, &self.target, timeout).await?;
+        let lapsed = self.leases.adopt(&self.source, &self.target, &self.engine.leases_held, timeout).await?;
+        if !lapsed.is_empty() {
+            warn!(
+                ?lapsed,
+                "target leases the last run kept ran out meanwhile (their source leases live): a \
+                 reconcile pass puts back the keys their expiry deleted"
+            );
+            self.engine.repair_owed = true;
+        }
         self.report_leases();
         Ok(())
     }

@@ -10,7 +10,7 @@ use harness::scenario;
 use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 
 async fn scrape(agent: &AgentProcess) -> String {
-    reqwest::get(format!("{}/metrics", agent.url())).await.unwrap().text().await.unwrap()
+    agent.metrics().await.unwrap().text().to_owned()
 }
 
 /// Every `etcd_mirror_…` name in `text`.

@@ -140,13 +140,7 @@ impl Leases {
         if !self.enabled {
             return Ok(());
         }
-        let wanted: HashSet<i64> = ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::Put { lease, .. } if *lease != 0 && !self.granted.contains_key(lease) => Some(*lease),
-                _ => None,
-            })
-            .collect();
+        let wanted: HashSet<i64> = leases_of(ops).filter(|id| !self.granted.contains_key(id)).collect();
         // Concurrently: a grant is a raft proposal, and a chunk of a scan can name a thousand
         // leases; one at a time they cost more than the chunk's own Txn.
         let outcomes: Vec<(i64, Result<Option<Grant>, EngineError>)> = futures::stream::iter(wanted)
@@ -173,13 +167,7 @@ impl Leases {
     /// of `ops` (the answer does not say which), so [`Leases::ensure`] grants them again, and
     /// returns their IDs.
     pub fn lapsed(&mut self, ops: &[Op]) -> Vec<i64> {
-        let named: HashSet<i64> = ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::Put { lease, .. } if *lease != 0 => Some(*lease),
-                _ => None,
-            })
-            .collect();
+        let named: HashSet<i64> = leases_of(ops).collect();
         self.granted.retain(|id, _| !named.contains(id));
         let mut named: Vec<i64> = named.into_iter().collect();
         named.sort_unstable();
@@ -324,6 +312,14 @@ impl Run<'_> {
     pub(super) fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
         ops.iter().map(|op| op.to_txn_op_with(|id| self.leases.attached(id))).collect()
     }
+}
+
+/// The source leases the puts of `ops` name (with repeats).
+fn leases_of(ops: &[Op]) -> impl Iterator<Item = i64> + '_ {
+    ops.iter().filter_map(|op| match op {
+        Op::Put { lease, .. } if *lease != 0 => Some(*lease),
+        _ => None,
+    })
 }
 
 /// Lease grants in flight at once in [`Leases::ensure`].

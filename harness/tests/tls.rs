@@ -252,3 +252,44 @@ async fn server_name_is_the_name_verified() {
     let message = fails_with(&with_name("sn-bad", "/snb/", "db.invalid"), "TlsRejected").await;
     assert!(message.contains("not valid for the name checked: target.tls.server_name"), "{message}");
 }
+
+/// Over https with least-privilege users (SPEC §11): etcd 3.5.30 refuses Maintenance Status to
+/// them, so the agent reads each member's `/version` with the side's own TLS material (CA and
+/// client certificate). The version is known, not `unknown`, so progress notifications are
+/// trusted by the version rule (before issue #44 every TLS cluster read `unknown` and each idle
+/// proof read the whole range).
+#[tokio::test]
+async fn over_tls_a_least_privilege_user_learns_the_version_and_trusts_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src_pki, mut source) = tls_cluster(dir.path(), "source", Validity::default()).await;
+    let (dst_pki, mut target) = tls_cluster(dir.path(), "target", Validity::default()).await;
+    let src_files = agent_copy(&src_pki, &dir.path().join("agent-source"));
+    let dst_files = agent_copy(&dst_pki, &dir.path().join("agent-target"));
+    let read = etcd_client::Permission::read("/tlsau/").with_prefix();
+    let readwrite = etcd_client::Permission::read_write("/tlsau/").with_prefix();
+    let src_user = source.enable_auth("mirror", vec![read]).await.unwrap();
+    let dst_user = target.enable_auth("mirror", vec![readwrite]).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/tlsau/", 200, 16).await.unwrap();
+    let auth = |side: &str, user: &mirror_core::Auth| {
+        let file = user.password_file.as_ref().unwrap().display().to_string();
+        format!("[{side}.auth]\nusername = \"mirror\"\npassword_file = {file:?}\n")
+    };
+    let cfg = AgentConfig::new("tlsau", source.endpoints(), target.endpoints(), "/tlsau/")
+        .with(scenario::FAST_SYNC_TOML)
+        .with(&src_files.toml("source"))
+        .with(&dst_files.toml("target"))
+        .with(&auth("source", &src_user))
+        .with(&auth("target", &dst_user));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let status = scenario::synced(&agent).await.unwrap();
+    for (side, seen) in [("source", &status.source.version), ("target", &status.target.version)] {
+        let trusted = mirror_core::progress_notify_trustworthy(seen);
+        println!("{side} over https as a least-privilege user: version {seen}, progress notifications trusted: {trusted}");
+        assert_eq!(seen, EtcdVersion::V3_5_30.as_str(), "{side}: {status:#?}");
+        assert!(trusted, "{side}: 3.5.30 sends trustworthy progress notifications");
+    }
+    src.put("/tlsau/live", "1", None).await.unwrap();
+    scenario::caught_up(&agent, &mut src).await.unwrap();
+    assert!(matches!(scenario::g3_of(&source, &target, &cfg).await.unwrap(), G3::Holds { keys: 201, .. }));
+}

@@ -299,22 +299,41 @@ async fn probe_without_status(
         Ok(list) => list.members().iter().any(|m| m.id() == member_id && m.is_learner()),
         Err(_) => false,
     };
-    let version = version_over_http(url, timeout).await.unwrap_or_else(|| UNKNOWN_VERSION.to_owned());
+    let version =
+        version_over_http(side, cfg, url, timeout).await.unwrap_or_else(|| UNKNOWN_VERSION.to_owned());
     tracing::debug!(%side, url, version, "Maintenance Status refused to this user; probed by a read");
     Ok((MemberInfo { endpoint: url.to_owned(), version, cluster_id, learner }, true))
 }
 
-/// The server version from the client URL's `/version`, for a plain-HTTP endpoint.
-async fn version_over_http(url: &str, timeout: Duration) -> Option<String> {
-    if !url.starts_with("http://") {
-        return None;
-    }
+/// The server version from the client URL's `/version`; over https with the side's TLS
+/// material (CA, client certificate, server name), so a TLS cluster's version is known and its
+/// progress notifications trusted by the same rule as elsewhere. `None` when it cannot be read.
+async fn version_over_http(side: Side, cfg: &SideConfig, url: &str, timeout: Duration) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Version {
         etcdserver: String,
     }
-    let client = reqwest::Client::builder().timeout(timeout).build().ok()?;
-    let resp = client.get(format!("{}/version", url.trim_end_matches('/'))).send().await.ok()?;
+    let mut builder = reqwest::Client::builder().timeout(timeout);
+    if url.starts_with("https://") {
+        let tls = cfg.tls.clone().unwrap_or_default();
+        match crate::tls::https_config(side, &tls) {
+            Ok(config) => builder = builder.use_preconfigured_tls(config),
+            Err(e) => {
+                tracing::debug!(%side, url, "no TLS settings for /version: {e}");
+                return None;
+            }
+        }
+    } else if !url.starts_with("http://") {
+        return None;
+    }
+    let client = builder.build().ok()?;
+    let resp = match client.get(format!("{}/version", url.trim_end_matches('/'))).send().await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::debug!(%side, url, "/version: {e}");
+            return None;
+        }
+    };
     let v: Version = resp.error_for_status().ok()?.json().await.ok()?;
     parse_version(&v.etcdserver).map(|_| v.etcdserver)
 }

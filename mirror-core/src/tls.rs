@@ -82,6 +82,108 @@ pub fn load(side: Side, tls: &Tls) -> Result<TlsMaterial, TlsFileError> {
     Ok(TlsMaterial { options, verifier })
 }
 
+/// A rustls client configuration from the same files as [`load`], for plain HTTPS requests to
+/// the side's members (the client URL's `/version`, read when Maintenance Status is refused):
+/// the CA bundle (or the system's roots), the client certificate, `server_name` checked in place
+/// of the URL's host, or any certificate with an acknowledged `insecure_skip_verify`.
+pub fn https_config(side: Side, tls: &Tls) -> Result<rustls::ClientConfig, TlsFileError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier: Arc<dyn ServerCertVerifier> = if tls.insecure_skip_verify {
+        Arc::new(AcceptAnyServerCert { algorithms: provider.signature_verification_algorithms })
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        match &tls.ca_file {
+            Some(path) => {
+                let pem = read_certificates(side, "ca_file", path)?;
+                for der in CertificateDer::pem_slice_iter(&pem).flatten() {
+                    roots
+                        .add(der)
+                        .map_err(|e| field_error(side, "ca_file", format!("{}: {e}", path.display())))?;
+                }
+            }
+            None => {
+                for der in rustls_native_certs::load_native_certs().certs {
+                    let _ = roots.add(der);
+                }
+            }
+        }
+        let webpki =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| field_error(side, "ca_file", format!("no usable CA: {e}")))?;
+        if tls.server_name.is_empty() {
+            webpki
+        } else {
+            let name = ServerName::try_from(tls.server_name.clone())
+                .map_err(|e| field_error(side, "server_name", format!("{:?}: {e}", tls.server_name)))?;
+            Arc::new(NamedServerCert { inner: webpki, name })
+        }
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| field_error(side, "tls", format!("no TLS version in common: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let cert_pem = read_certificates(side, "cert_file", cert)?;
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(&cert_pem).flatten().collect();
+            let key_pem = read(side, "key_file", key)?;
+            let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| {
+                field_error(side, "key_file", format!("{} holds no PEM private key", key.display()))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| field_error(side, "key_file", format!("{}: {e}", key.display())))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// A server certificate checked against `server_name` (`[*.tls] server_name`) rather than the
+/// host of the URL asked, as the gRPC connects do.
+#[derive(Debug)]
+struct NamedServerCert {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for NamedServerCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner.verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// The expiry of the CA bundle and the client certificate configured in `tls`, as on disk now.
 /// Files that cannot be read or parsed are left out (the connect reports them).
 pub fn expiry(tls: &Tls) -> Vec<CertExpiry> {

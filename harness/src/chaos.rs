@@ -129,15 +129,15 @@ impl Schedule {
         match fault {
             Fault::AgentKill | Fault::AgentRestart => {
                 let signal = if fault == Fault::AgentKill { Signal::Kill } else { Signal::Term };
-                self.step(&kinds::StopAgent { id: id.clone(), signal });
+                self.step(&kinds::StopAgent { id: id.clone(), signal, within: None });
                 let ms = self.below(1_500);
                 self.sleep(ms);
                 self.step(&kinds::StartAgent { id, epoch: None, toml: None, reverse: false });
             }
             Fault::AgentStop => {
-                self.step(&kinds::StopAgent { id: id.clone(), signal: Signal::Stop });
+                self.step(&kinds::StopAgent { id: id.clone(), signal: Signal::Stop, within: None });
                 self.hold();
-                self.step(&kinds::StopAgent { id, signal: Signal::Cont });
+                self.step(&kinds::StopAgent { id, signal: Signal::Cont, within: None });
             }
             Fault::MemberKill | Fault::LeaderKill | Fault::MemberPause => {
                 let side = self.side();
@@ -189,7 +189,7 @@ impl Schedule {
                     timeout: HumanDuration::secs(90),
                     agent: id.clone(),
                 });
-                self.step(&kinds::StopAgent { id, signal: Signal::Term });
+                self.step(&kinds::StopAgent { id, signal: Signal::Term, within: None });
             }
             Fault::BigRevision => {
                 self.big += 1;
@@ -221,6 +221,7 @@ impl Schedule {
                         value: None,
                         value_size: 200 * 1024,
                         outside_prefix: false,
+                        lease: None,
                     });
                 }
             }

@@ -99,6 +99,9 @@ pub enum Fault {
     /// target: one this link granted ran out there, e.g. while the target was cut off for
     /// longer than its TTL). Retried once the lease is granted again.
     LeaseNotFound,
+    /// `lease already exists`: a grant named an ID the server holds (the lease grant of
+    /// `preserve` then compares its TTL: the same is this link's, another a `LeaseConflict`).
+    LeaseExists,
     /// A request the server considers malformed (a bug, or a config the server refuses).
     InvalidRequest,
     /// Anything else.
@@ -116,6 +119,7 @@ impl Fault {
             | Fault::TooManyOps
             | Fault::ResponseTooLarge
             | Fault::DuplicateKey
+            | Fault::LeaseExists
             | Fault::AuthFailed
             | Fault::PermissionDenied
             | Fault::InvalidRequest => ErrorClass::Permanent,
@@ -187,6 +191,7 @@ impl Fault {
             Code::Unauthenticated if has("invalid auth token") => Fault::InvalidToken,
             Code::Unauthenticated => Fault::AuthFailed,
             Code::FailedPrecondition if has("authentication is not enabled") => Fault::AuthFailed,
+            Code::FailedPrecondition if has("lease already exists") => Fault::LeaseExists,
             Code::Unavailable if has("no leader") || has("leader changed") => Fault::NoLeader,
             Code::Unavailable | Code::Unknown | Code::Aborted => Fault::Unavailable,
             Code::DeadlineExceeded | Code::Cancelled => Fault::Timeout,
@@ -299,5 +304,7 @@ mod tests {
         let missing = Fault::of_status(Code::NotFound, "etcdserver: requested lease not found");
         assert_eq!(missing, Fault::LeaseNotFound);
         assert_eq!(Fault::of_status(Code::NotFound, "etcdserver: member not found"), Fault::Other);
+        let exists = Fault::of_status(Code::FailedPrecondition, "etcdserver: lease already exists");
+        assert_eq!(exists, Fault::LeaseExists);
     }
 }

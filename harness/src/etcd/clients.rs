@@ -40,20 +40,22 @@ pub async fn agent_client(
     tls: Option<&mirror_core::Tls>,
     dial_timeout: Duration,
 ) -> Result<Client, mirror_core::EtcdError> {
-    let (side, sync) = client_settings(endpoints, tls, dial_timeout);
+    let (side, sync) = client_settings(endpoints, tls, None, dial_timeout);
     mirror_core::connect(mirror_core::Side::Source, &side, &sync).await
 }
 
+/// Settings of a harness client: `auth` is the root user's once the cluster's auth is on.
 pub(super) fn client_settings(
     endpoints: &[String],
     tls: Option<&mirror_core::Tls>,
+    auth: Option<&mirror_core::Auth>,
     dial_timeout: Duration,
 ) -> (mirror_core::SideConfig, mirror_core::SyncSection) {
     let side = mirror_core::SideConfig {
         endpoints: endpoints.to_vec(),
         prefix: String::new(),
         tls: tls.cloned(),
-        auth: None,
+        auth: auth.cloned(),
     };
     let sync = mirror_core::SyncSection {
         dial_timeout: mirror_core::HumanDuration(dial_timeout),

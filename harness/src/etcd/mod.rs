@@ -119,6 +119,9 @@ pub struct EtcdCluster {
     nodes: Vec<Node>,
     /// The Docker network of a container cluster.
     network: String,
+    /// The root user's credentials once [`EtcdCluster::enable_auth`] ran: every harness client
+    /// of the cluster logs in with them.
+    root: Option<mirror_core::Auth>,
     // Dropped after the nodes, so containers are gone before their bind-mounted data.
     _data: tempfile::TempDir,
 }
@@ -179,7 +182,7 @@ impl EtcdCluster {
             futures::future::join_all(plans.iter().map(|plan| Node::launch(plan, spec.backend, &network)))
                 .await;
         let nodes = started.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-        let cluster = EtcdCluster { spec: spec.clone(), nodes, network, _data: data };
+        let cluster = EtcdCluster { spec: spec.clone(), nodes, network, root: None, _data: data };
         for node in &cluster.nodes {
             if let Err(e) =
                 wait_serving(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(30)).await
@@ -304,9 +307,14 @@ impl EtcdCluster {
         let mut out = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
             let ask = async {
-                let mut c =
-                    agent_client(&[node.endpoint()], node.client_tls().as_ref(), Duration::from_secs(1))
-                        .await?;
+                let tls = node.client_tls();
+                let (side, sync) = client_settings(
+                    &[node.endpoint()],
+                    tls.as_ref(),
+                    self.root.as_ref(),
+                    Duration::from_secs(1),
+                );
+                let mut c = mirror_core::connect(mirror_core::Side::Source, &side, &sync).await?;
                 let status = c.status().await?;
                 anyhow::Ok((c, status))
             };
@@ -333,10 +341,44 @@ impl EtcdCluster {
     /// the requests), as the agent does.
     pub async fn client(&self) -> anyhow::Result<Client> {
         let tls = self.nodes.first().and_then(Node::client_tls);
-        let (side, sync) = client_settings(&self.endpoints(), tls.as_ref(), Duration::from_secs(2));
+        let (side, sync) =
+            client_settings(&self.endpoints(), tls.as_ref(), self.root.as_ref(), Duration::from_secs(2));
         let probe = mirror_core::probe_members(mirror_core::Side::Source, &side, &sync).await?;
         let reachable = probe.serving_endpoints();
         Ok(mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &reachable).await?)
+    }
+
+    /// Turns auth on with a `root` user (every harness client logs in as it from now on) and a
+    /// user `user` whose one role holds exactly `permissions`. Returns the config of that user
+    /// for the agent (`[source.auth]` / `[target.auth]`), its password in a file of the cluster.
+    pub async fn enable_auth(
+        &mut self,
+        user: &str,
+        permissions: Vec<etcd_client::Permission>,
+    ) -> anyhow::Result<mirror_core::Auth> {
+        let mut c = self.client().await?;
+        let password_of = |name: &str| -> anyhow::Result<mirror_core::Auth> {
+            let file = self._data.path().join(format!("{name}.password"));
+            std::fs::write(&file, format!("{name}-pw\n"))?;
+            Ok(mirror_core::Auth {
+                username: name.to_owned(),
+                password_file: Some(file),
+                ..Default::default()
+            })
+        };
+        c.user_add("root", "root-pw", None).await?;
+        c.user_grant_role("root", "root").await?;
+        c.role_add(user).await?;
+        for perm in permissions {
+            c.role_grant_permission(user, perm).await?;
+        }
+        c.user_add(user, format!("{user}-pw"), None).await?;
+        c.user_grant_role(user, user).await?;
+        c.auth_enable().await?;
+        let root = password_of("root")?;
+        std::fs::write(root.password_file.as_ref().expect("set above"), "root-pw\n")?;
+        self.root = Some(root);
+        password_of(user)
     }
 
     /// Whether the members that answer hold different histories: each one's KV hash at the

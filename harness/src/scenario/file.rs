@@ -42,6 +42,11 @@
 //!   `expect leases_match` with `during` samples 20 times over it; `target_leases_alive`.
 //! - `put outside_prefix = true`: `key` is the whole key, outside the side's prefix (another
 //!   application's write to the same cluster).
+//! - `[source] least_privilege = true` (or `[target]`): auth on, the agent a user with exactly
+//!   the documented rights on that side (`read` on the source prefix, `readwrite` on the target
+//!   prefix), the harness root;
+//! - `put lease = ID` puts the key under an existing lease;
+//! - `stop_agent within = "2s"`: a SIGTERM'd agent has exited within that;
 //! - `agent_backend = "container"` (top level) runs every agent as a container of the image
 //!   `scripts/image.sh` builds, on the etcd containers' networks; network faults (`cut`, `heal`,
 //!   `delay`) act on the fault proxies, which such agents bypass, so they are refused there.
@@ -104,11 +109,16 @@ pub struct SideSpec {
     /// The side's prefix (the target's defaults to the source's).
     #[serde(default)]
     pub prefix: Option<String>,
+    /// Extension: auth on, and the agent (and its one-shot commands) logs in as a user holding
+    /// exactly the permissions docs/operations.md lists for the side: `read` on the source
+    /// prefix, `readwrite` on the target prefix. The harness's own clients log in as root.
+    #[serde(default)]
+    pub least_privilege: bool,
 }
 
 impl Default for SideSpec {
     fn default() -> Self {
-        SideSpec { members: 1, args: Vec::new(), prefix: None }
+        SideSpec { members: 1, args: Vec::new(), prefix: None, least_privilege: false }
     }
 }
 

@@ -137,8 +137,9 @@ fn steps_round_trip() {
             value: Some("{".into()),
             value_size: 1,
             outside_prefix: false,
+            lease: None,
         }),
-        Box::new(StopAgent { id: "b".into(), signal: Signal::Stop }),
+        Box::new(StopAgent { id: "b".into(), signal: Signal::Stop, within: None }),
         Box::new(KillMember { side: SideName::Target, member: MemberRef::leader() }),
         Box::new(Sleep { for_: HumanDuration(Duration::from_millis(1500)) }),
         Box::new(Snapshot { side: SideName::Source, name: "before".into() }),
@@ -166,6 +167,7 @@ fn steps_round_trip() {
             value: None,
             value_size: 3,
             outside_prefix: true,
+            lease: None,
         }),
         Box::new(Expect {
             equal: Some(true),

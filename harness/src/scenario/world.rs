@@ -117,8 +117,34 @@ impl<'a> World<'a> {
                 None => spec,
             }
         };
-        let source = EtcdCluster::start(spec(sv, &scenario.source)).await.context("starting the source")?;
-        let target = EtcdCluster::start(spec(tv, &scenario.target)).await.context("starting the target")?;
+        let mut source =
+            EtcdCluster::start(spec(sv, &scenario.source)).await.context("starting the source")?;
+        let mut target =
+            EtcdCluster::start(spec(tv, &scenario.target)).await.context("starting the target")?;
+        // The rights docs/operations.md lists ("Least privilege"), and nothing more.
+        let mut auth_toml = String::new();
+        for (name, side, cluster, prefix) in [
+            ("source", &scenario.source, &mut source, scenario.source_prefix()),
+            ("target", &scenario.target, &mut target, scenario.target_prefix()),
+        ] {
+            if !side.least_privilege {
+                continue;
+            }
+            let perm = if name == "source" {
+                etcd_client::Permission::read(prefix)
+            } else {
+                etcd_client::Permission::read_write(prefix)
+            };
+            let auth = cluster
+                .enable_auth("mirror", vec![perm.with_prefix()])
+                .await
+                .with_context(|| format!("enabling auth on the {name}"))?;
+            let file = auth.password_file.expect("enable_auth writes a password file");
+            auth_toml.push_str(&format!(
+                "[{name}.auth]\nusername = \"mirror\"\npassword_file = {:?}\n",
+                file.display().to_string()
+            ));
+        }
         let (source_proxies, target_proxies) = (source.proxies().await?, target.proxies().await?);
         let link: String = scenario
             .name
@@ -140,7 +166,7 @@ impl<'a> World<'a> {
             };
         let mut base = AgentConfig::new(&link, source_endpoints, target_endpoints, scenario.source_prefix());
         base.target_prefix = scenario.target_prefix().to_owned();
-        let mut base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml);
+        let mut base = base.overlay(FAST_SYNC_TOML).overlay(&scenario.agent_toml).overlay(&auth_toml);
         base.env.extend(opts.agent_env.iter().cloned());
         let parsed = base.parsed().context("the generated agent config")?;
         let src = source.client().await?;

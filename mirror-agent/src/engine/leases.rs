@@ -1,14 +1,27 @@
-//! Leases preserved on the target (`sync.leases = "preserve"`, SPEC §5 Leases).
+//! Leases preserved on the target (`sync.leases = "preserve"`, SPEC §5 Leases, §11).
 //!
 //! For every source lease that holds a key of the range the target gets a lease with the same
 //! ID and granted TTL before the first Txn that writes one of its keys ([`Leases::ensure`]);
-//! those puts carry it. While the tail runs, [`Leases::tick`] lists the source's live leases
-//! (one `LeaseLeases` call), keeps each of ours whose source lease lives alive on one
-//! keep-alive stream (every request names its ID; no task per lease) at least every third of
-//! its TTL and every `progress_interval`, so the target's remaining TTL never falls more than
-//! that below the source's, and revokes ours once the source's is gone and the watermark has
-//! passed the revision at which it was seen gone: the expiry's deletes are applied in order
-//! first, so the revoke deletes nothing the source still held.
+//! those puts carry it. Lease IDs come only from the `lease` field of the keys the scan and the
+//! watch deliver, and each new lease's TTL from one `LeaseTimeToLive` without keys: the least
+//! privilege etcd allows. Since 3.5.28 / 3.4.42 `LeaseLeases` and keep-alives are refused to a
+//! user who may not read (write) every key attached, and a source lease may carry keys outside
+//! the prefix, so the agent never lists leases and never keeps a source lease alive.
+//!
+//! While the link holds the fence, [`Leases::tick`] looks at each lease this run keeps when it
+//! is due (every third of its TTL at least, and every `progress_interval`): one `TimeToLive`
+//! without keys on the source, and, while the source's lives, one keep-alive on the target, so
+//! the target's remaining TTL never falls more than that below the source's. A keep-alive is a
+//! stream opened for one request and its answer (etcd-client's supported API; no field of its
+//! types is reached into): the answer is read every time, and a TTL of 0 (the target no longer
+//! knows the lease) is acted on at once. A source lease found gone is revoked on the target once
+//! the watermark has passed the revision at which it was seen gone: the expiry's deletes are
+//! applied in order first, so the revoke deletes nothing the source still held.
+//!
+//! What the link holds is rebuilt at every start ([`Leases::adopt`]), not remembered: from a
+//! keys-only read of the source range at the watermark (of the latest state when that is
+//! compacted) and of the target range, so a new process after any downtime finds a target lease
+//! that ran out meanwhile, grants it again and owes the reconcile pass that puts its keys back.
 //!
 //! Keep-alives and revokes run only on the engine's own task while it holds the fence (the
 //! tail every second, and the initial scan, the prune sweep after it and a reconcile pass
@@ -19,13 +32,12 @@
 //!
 //! A target lease with the same ID and another TTL is not this link's: `LeaseConflict`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseGrantOptions, LeaseKeeper};
+use etcd_client::{Client, LeaseGrantOptions};
 use futures::StreamExt as _;
-use mirror_core::{unary, EtcdError, Op, Side};
-use tokio::task::JoinHandle;
+use mirror_core::{unary, EtcdError, Fault, KeyRange, Op, Pager, PagerOptions, Side};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -38,16 +50,6 @@ struct Granted {
     kept: Instant,
 }
 
-/// The task reading the keep-alive answers, aborted with the run.
-#[derive(Debug)]
-struct Drain(JoinHandle<()>);
-
-impl Drop for Drain {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The target leases of this run.
 #[derive(Debug, Default)]
 pub(super) struct Leases {
@@ -55,9 +57,6 @@ pub(super) struct Leases {
     granted: BTreeMap<i64, Granted>,
     /// Source leases found gone, with the source revision they were seen gone at.
     gone: Vec<(i64, i64)>,
-    keeper: Option<LeaseKeeper>,
-    /// Reads the keep-alive answers; aborted with the run.
-    drain: Option<Drain>,
     /// Grants since the agent started.
     pub granted_total: u64,
     /// Revokes since the agent started.
@@ -66,8 +65,16 @@ pub(super) struct Leases {
     pub keepalive_lag: Duration,
     /// Not before this does the next tick run (a second apart, whoever calls).
     next_tick: Option<Instant>,
-    /// Whether [`Leases::adopt`] ran: only then is `granted` what this run keeps.
-    adopted: bool,
+}
+
+/// What a look at one lease found ([`Leases::tick`]).
+enum Looked {
+    /// Kept alive on the target.
+    Kept(i64),
+    /// The source's is gone, seen at this source revision.
+    Gone(i64, i64),
+    /// The source's lives; the target no longer knows it (a keep-alive answered TTL 0).
+    Lapsed(i64),
 }
 
 impl Leases {
@@ -86,45 +93,58 @@ impl Leases {
         self.granted.len()
     }
 
-    /// At start: adopts the target leases a previous run granted (same ID and TTL as a live
-    /// source lease), so they are kept alive although no write names them again. Returns those
-    /// of `held` (what the last run of this process kept) whose source lease lives but that the
-    /// target no longer holds: they ran out there meanwhile.
+    /// At start: what the link holds, from the leases the keys of both ranges carry
+    /// (`in_source`: source keys at the watermark; `in_target`: target keys now; module doc).
+    /// A target lease with the same ID and TTL as a live source lease is adopted and kept
+    /// alive from now on; one whose source lease is gone is revoked once the watermark passes
+    /// the revision it was seen gone at. Returns the source leases that live and carry keys of
+    /// the range but that the target does not hold: they ran out there meanwhile (or were never
+    /// granted, after a switch from `strip`); the caller grants them and puts their keys back.
     pub async fn adopt(
         &mut self,
         source: &Client,
         target: &Client,
-        held: &std::collections::BTreeSet<i64>,
+        in_source: &BTreeSet<i64>,
+        in_target: &BTreeSet<i64>,
         timeout: Duration,
     ) -> Result<Vec<i64>, EngineError> {
         if !self.enabled {
             return Ok(Vec::new());
         }
-        let live = list(source, Side::Source, timeout).await?.0;
-        let there = list(target, Side::Target, timeout).await?.0;
-        let lapsed = held.iter().filter(|id| live.contains(id) && !there.contains(id)).copied().collect();
-        for id in live.intersection(&there) {
-            let (Some(s), Some(t)) = (
-                ttl_of(source, Side::Source, *id, timeout).await?,
-                ttl_of(target, Side::Target, *id, timeout).await?,
-            ) else {
-                continue;
-            };
-            if s == t {
-                self.granted.insert(*id, Granted { ttl: s, kept: Instant::now() });
+        let ids: BTreeSet<i64> = in_source.union(in_target).copied().collect();
+        let looks: Vec<(i64, Result<BothTtls, EtcdError>)> = futures::stream::iter(ids)
+            .map(|id| async move {
+                let both = async {
+                    Ok((
+                        ttl_of(source, Side::Source, id, timeout).await?,
+                        ttl_of(target, Side::Target, id, timeout).await?,
+                    ))
+                };
+                (id, both.await)
+            })
+            .buffer_unordered(LOOKS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut lapsed = Vec::new();
+        for (id, look) in looks {
+            match look? {
+                (Ttl { granted: Some(s), .. }, Ttl { granted: Some(t), .. }) if s == t => {
+                    self.granted.insert(id, Granted { ttl: s, kept: Instant::now() });
+                }
+                // Another TTL: not this link's; a write under it meets `LeaseConflict`.
+                (Ttl { granted: Some(_), .. }, Ttl { granted: Some(_), .. }) => {}
+                (Ttl { granted: Some(_), .. }, Ttl { granted: None, .. }) if in_source.contains(&id) => {
+                    lapsed.push(id)
+                }
+                (Ttl { granted: None, at }, Ttl { granted: Some(_), .. }) => self.gone.push((id, at)),
+                _ => {}
             }
         }
+        lapsed.sort_unstable();
         if !self.granted.is_empty() {
             info!(leases = self.granted.len(), "adopted the target leases of an earlier run");
         }
-        self.adopted = true;
         Ok(lapsed)
-    }
-
-    /// The leases this run keeps on the target, once [`Leases::adopt`] ran (None before, and
-    /// without `preserve`).
-    pub fn held(&self) -> Option<std::collections::BTreeSet<i64>> {
-        (self.enabled && self.adopted).then(|| self.granted.keys().copied().collect())
     }
 
     /// Grants on the target every source lease `ops` put keys under that it does not hold yet.
@@ -137,15 +157,27 @@ impl Leases {
         ops: &[Op],
         timeout: Duration,
     ) -> Result<(), EngineError> {
+        let ids: Vec<i64> = leases_of(ops).collect();
+        self.ensure_ids(source, target, ids, timeout).await
+    }
+
+    /// [`Leases::ensure`] for lease IDs.
+    pub async fn ensure_ids(
+        &mut self,
+        source: &Client,
+        target: &Client,
+        ids: impl IntoIterator<Item = i64>,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
         if !self.enabled {
             return Ok(());
         }
-        let wanted: HashSet<i64> = leases_of(ops).filter(|id| !self.granted.contains_key(id)).collect();
+        let wanted: HashSet<i64> = ids.into_iter().filter(|id| !self.granted.contains_key(id)).collect();
         // Concurrently: a grant is a raft proposal, and a chunk of a scan can name a thousand
         // leases; one at a time they cost more than the chunk's own Txn.
         let outcomes: Vec<(i64, Result<Option<Grant>, EngineError>)> = futures::stream::iter(wanted)
             .map(|id| async move { (id, grant_same(source, target, id, timeout).await) })
-            .buffer_unordered(GRANTS_IN_FLIGHT)
+            .buffer_unordered(LOOKS_IN_FLIGHT)
             .collect()
             .await;
         let mut first_error = None;
@@ -174,8 +206,10 @@ impl Leases {
         named
     }
 
-    /// Keeps alive the leases whose source lease lives and that are due; marks the others gone
-    /// and revokes those the watermark has passed (module doc).
+    /// Looks at the leases that are due (module doc): keeps alive those whose source lease
+    /// lives, marks the others gone, and revokes those the watermark has passed. Returns the
+    /// leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
+    /// again and puts their keys back.
     pub async fn tick(
         &mut self,
         source: &Client,
@@ -183,35 +217,48 @@ impl Leases {
         watermark: i64,
         every: Duration,
         timeout: Duration,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<i64>, EngineError> {
         let now = Instant::now();
         if !self.enabled
             || (self.granted.is_empty() && self.gone.is_empty())
             || self.next_tick.is_some_and(|next| now < next)
         {
-            return Ok(());
+            return Ok(Vec::new());
         }
         self.next_tick = Some(now + Duration::from_secs(1));
-        let (live, at) = list(source, Side::Source, timeout).await?;
-        let mut due = Vec::new();
         let mut lag = Duration::ZERO;
-        self.granted.retain(|id, g| {
-            if !live.contains(id) {
-                self.gone.push((*id, at));
-                return false;
-            }
+        let mut due = Vec::new();
+        for (id, g) in &self.granted {
             let spacing = every.min(Duration::from_secs(g.ttl.max(1) as u64) / 3);
             if now.duration_since(g.kept) >= spacing {
                 due.push(*id);
             }
             lag = lag.max(now.duration_since(g.kept));
-            true
-        });
+        }
         self.keepalive_lag = lag;
-        for id in due {
-            self.keep_alive(target, id).await?;
-            if let Some(g) = self.granted.get_mut(&id) {
-                g.kept = now;
+        let looks: Vec<Result<Looked, EngineError>> = futures::stream::iter(due)
+            .map(|id| look_at(source, target, id, timeout))
+            .buffer_unordered(LOOKS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut lapsed = Vec::new();
+        let mut first_error = None;
+        for look in looks {
+            match look {
+                Ok(Looked::Kept(id)) => {
+                    if let Some(g) = self.granted.get_mut(&id) {
+                        g.kept = now;
+                    }
+                }
+                Ok(Looked::Gone(id, at)) => {
+                    self.granted.remove(&id);
+                    self.gone.push((id, at));
+                }
+                Ok(Looked::Lapsed(id)) => {
+                    self.granted.remove(&id);
+                    lapsed.push(id);
+                }
+                Err(e) => first_error = first_error.or(Some(e)),
             }
         }
         let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
@@ -219,48 +266,49 @@ impl Leases {
         for (id, _) in ready {
             match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
                 Ok(_) => self.revoked_total += 1,
-                Err(e) if e.to_string().contains("not found") => {}
+                Err(e) if e.fault == Fault::LeaseNotFound => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(())
+        lapsed.sort_unstable();
+        match first_error {
+            // The lapsed are forgotten: say so before the error ends the round.
+            Some(e) if lapsed.is_empty() => Err(e),
+            _ => Ok(lapsed),
+        }
     }
+}
 
-    /// One keep-alive request for `id` on the shared stream (opened on first use; a broken
-    /// stream is opened again at the next call).
-    async fn keep_alive(&mut self, target: &Client, id: i64) -> Result<(), EngineError> {
-        if self.drain.as_ref().is_some_and(|d| d.0.is_finished()) {
-            self.keeper = None;
+/// One due lease: its source TTL, then one keep-alive on the target while the source's lives.
+async fn look_at(
+    source: &Client,
+    target: &Client,
+    id: i64,
+    timeout: Duration,
+) -> Result<Looked, EngineError> {
+    let ttl = ttl_of(source, Side::Source, id, timeout).await?;
+    if ttl.granted.is_none() {
+        return Ok(Looked::Gone(id, ttl.at));
+    }
+    // A stream for one request: etcd-client sends the request, reads the answer and fails
+    // with "lease not found" on a TTL of 0.
+    let mut lease = target.lease_client();
+    let kept = tokio::time::timeout(timeout, lease.keep_alive(id)).await;
+    match kept {
+        Ok(Ok(_)) => Ok(Looked::Kept(id)),
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(text))) if text.contains("not found") => {
+            Ok(Looked::Lapsed(id))
         }
-        if let Some(keeper) = &mut self.keeper {
-            // One stream for every lease: each request names its ID.
-            keeper.id = id;
-            if keeper.keep_alive().await.is_ok() {
-                return Ok(());
-            }
-            self.keeper = None;
-        }
-        let (keeper, mut stream) = target
-            .lease_client()
-            .keep_alive(id)
-            .await
-            .map_err(|e| EtcdError::new("lease keep-alive", Side::Target, e))?;
-        // The answers only need reading: a lease the target no longer knows shows at the next
-        // grant or revoke.
-        self.drain = Some(Drain(tokio::spawn(async move {
-            loop {
-                match stream.message().await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => return,
-                    Err(e) => {
-                        warn!("lease keep-alive stream ended: {e}");
-                        return;
-                    }
-                }
-            }
-        })));
-        self.keeper = Some(keeper);
-        Ok(())
+        Ok(Err(e)) => Err(EtcdError::new("lease keep-alive", Side::Target, e).into()),
+        Err(_) => Err(EtcdError::new(
+            "lease keep-alive",
+            Side::Target,
+            etcd_client::Error::IoError(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            )),
+        )
+        .into()),
     }
 }
 
@@ -273,25 +321,85 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// At the claim: what the link holds on the target ([`Leases::adopt`]); leases that ran out
+    /// there meanwhile are granted again and a reconcile pass is owed before the tail reports
+    /// caught up.
+    pub(super) async fn adopt_leases(&mut self) -> Result<(), EngineError> {
+        if self.cfg().sync.leases != mirror_core::LeaseMode::Preserve {
+            return Ok(());
+        }
+        let watermark = self.writer().record().watermark;
+        let in_source =
+            match self.leases_in(Side::Source, self.engine.rewriter.scan_windows(), watermark).await {
+                Err(e) if e.fault == Fault::Compacted => {
+                    self.leases_in(Side::Source, self.engine.rewriter.scan_windows(), 0).await?
+                }
+                found => found?,
+            };
+        let in_target = self.leases_in(Side::Target, self.engine.rewriter.target_windows(), 0).await?;
+        let timeout = self.timeout();
+        let lapsed = self.leases.adopt(&self.source, &self.target, &in_source, &in_target, timeout).await?;
+        if !lapsed.is_empty() {
+            self.lease_lapsed_ids(lapsed, "found at start").await?;
+        }
+        self.report_leases();
+        Ok(())
+    }
+
+    /// The leases the keys of `windows` on `side` carry, read keys-only (at `revision`; 0 for
+    /// the latest state).
+    async fn leases_in(
+        &self,
+        side: Side,
+        windows: Vec<KeyRange>,
+        revision: i64,
+    ) -> Result<BTreeSet<i64>, EtcdError> {
+        let sync = &self.cfg().sync;
+        let opts =
+            PagerOptions::new("lease scan", sync.page_key_limit, sync.page_bytes.0 as usize, self.timeout())
+                .at_revision(revision)
+                .keys_only();
+        let client = if side == Side::Source { &self.source } else { &self.target };
+        let mut pager = Pager::new(client.kv_client(), side, windows, opts);
+        let mut found = BTreeSet::new();
+        while let Some(page) = pager.next_page().await? {
+            found.extend(page.iter().map(|kv| kv.lease()).filter(|id| *id != 0));
+        }
+        Ok(found)
+    }
+
     /// A write met `requested lease not found`: a target lease of `ops` ran out. Grants them
     /// again (the retry then lands, its keys under the same IDs) and owes a reconcile pass: the
     /// expiry deleted every target key under the lease, and this write puts back only its own.
     pub(super) async fn lease_lapsed(&mut self, ops: &[Op]) -> Result<(), EngineError> {
         let lapsed = self.leases.lapsed(ops);
+        self.lease_lapsed_ids(lapsed, "a write met 'requested lease not found'").await
+    }
+
+    /// Target leases `lapsed` ran out (`how` it was seen): grant them again and owe a pass.
+    async fn lease_lapsed_ids(&mut self, lapsed: Vec<i64>, how: &str) -> Result<(), EngineError> {
         warn!(
             ?lapsed,
+            how,
             "a target lease ran out (cut off from the target, or stopped, for longer than its TTL): \
              granting it again; a reconcile pass puts back the keys its expiry deleted"
         );
         self.engine.repair_owed = true;
-        self.ensure_leases(ops).await
+        let timeout = self.timeout();
+        self.leases.ensure_ids(&self.source, &self.target, lapsed, timeout).await?;
+        self.report_leases();
+        Ok(())
     }
 
-    /// The tail's lease round: keep-alives due, revokes the watermark has passed.
+    /// The tail's lease round: keep-alives due, revokes the watermark has passed, and leases a
+    /// keep-alive found lapsed granted again.
     pub(super) async fn lease_round(&mut self) -> Result<(), EngineError> {
         let watermark = self.writer().record().watermark;
         let (every, timeout) = (self.cfg().sync.progress_interval.get(), self.timeout());
-        self.leases.tick(&self.source, &self.target, watermark, every, timeout).await?;
+        let lapsed = self.leases.tick(&self.source, &self.target, watermark, every, timeout).await?;
+        if !lapsed.is_empty() {
+            self.lease_lapsed_ids(lapsed, "a keep-alive answered TTL 0").await?;
+        }
         self.report_leases();
         Ok(())
     }
@@ -322,8 +430,8 @@ fn leases_of(ops: &[Op]) -> impl Iterator<Item = i64> + '_ {
     })
 }
 
-/// Lease grants in flight at once in [`Leases::ensure`].
-const GRANTS_IN_FLIGHT: usize = 128;
+/// Lease grants and looks in flight at once.
+const LOOKS_IN_FLIGHT: usize = 128;
 
 /// A target lease as [`grant_same`] left it.
 struct Grant {
@@ -341,12 +449,12 @@ async fn grant_same(
     id: i64,
     timeout: Duration,
 ) -> Result<Option<Grant>, EngineError> {
-    let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await? else { return Ok(None) };
+    let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await?.granted else { return Ok(None) };
     let opts = LeaseGrantOptions::new().with_id(id);
     match unary("lease grant", Side::Target, timeout, target.lease_client().grant(ttl, Some(opts))).await {
         Ok(_) => Ok(Some(Grant { ttl, new: true })),
-        Err(e) if e.to_string().contains("lease already exists") => {
-            let theirs = ttl_of(target, Side::Target, id, timeout).await?.unwrap_or(0);
+        Err(e) if e.fault == Fault::LeaseExists => {
+            let theirs = ttl_of(target, Side::Target, id, timeout).await?.granted.unwrap_or(0);
             if theirs != ttl {
                 return Err(Refusal::LeaseConflict { id, source_ttl: ttl, target_ttl: theirs }.into());
             }
@@ -356,15 +464,20 @@ async fn grant_same(
     }
 }
 
-/// The IDs of every lease of a side, and the revision the answer was made at.
-async fn list(client: &Client, side: Side, timeout: Duration) -> Result<(HashSet<i64>, i64), EtcdError> {
-    let resp = unary("lease list", side, timeout, client.lease_client().leases()).await?;
-    let at = resp.header().map_or(0, |h| h.revision());
-    Ok((resp.leases().iter().map(|l| l.id()).collect(), at))
+/// A lease's TTL on the source and on the target.
+type BothTtls = (Ttl, Ttl);
+
+/// One `LeaseTimeToLive` answer.
+struct Ttl {
+    /// The lease's granted TTL; `None` when the side does not know it.
+    granted: Option<i64>,
+    /// The revision the answer was made at.
+    at: i64,
 }
 
-/// A lease's granted TTL on a side, or `None` when the side does not know it.
-async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Result<Option<i64>, EtcdError> {
+/// A lease's granted TTL on a side, asked without keys (needs only authentication, SPEC §11).
+async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Result<Ttl, EtcdError> {
     let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
-    Ok((resp.ttl() >= 0).then_some(resp.granted_ttl()))
+    let at = resp.header().map_or(0, |h| h.revision());
+    Ok(Ttl { granted: (resp.ttl() >= 0).then_some(resp.granted_ttl()), at })
 }

@@ -261,10 +261,6 @@ pub struct Engine {
     /// The target revision of this process's latest checkpoint commit (0: none yet). A target
     /// that answers from before it at a reconnect went back (`TargetWentBack`).
     target_committed: i64,
-    /// The target leases the last run kept alive: one of them whose source lease lives but
-    /// that the target no longer holds at the next run's start ran out meanwhile (the target
-    /// cut off for longer than its TTL) and took its keys there with it (`leases`).
-    leases_held: std::collections::BTreeSet<i64>,
     /// A target lease ran out ([`Run::lease_lapsed`], or found at a run's start): the tail runs
     /// a reconcile pass as soon as it can, whatever `reconcile.interval` says, to put back the
     /// keys its expiry deleted.
@@ -315,7 +311,6 @@ impl Engine {
             compared: Arc::default(),
             watch_opened: false,
             target_committed: 0,
-            leases_held: Default::default(),
             repair_owed: false,
             fragment_watch: false,
         }

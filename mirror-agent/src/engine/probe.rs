@@ -94,12 +94,8 @@ impl Engine {
             newest_header: None,
         };
         let result = run.start(pending).await;
-        let held = run.leases.held();
         let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());
         self.target_committed = self.target_committed.max(committed);
-        if let Some(held) = held {
-            self.leases_held = held;
-        }
         result
     }
 }

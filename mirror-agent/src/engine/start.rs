@@ -258,17 +258,9 @@ impl Run<'_> {
             s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
         });
         self.writer = Some(writer);
-        // Only the fence holder keeps leases: a previous run's are kept alive from now on.
-        let timeout = self.timeout();
-        let lapsed = self.leases.adopt(&self.source, &self.target, &self.engine.leases_held, timeout).await?;
-        if !lapsed.is_empty() {
-            warn!(
-                ?lapsed,
-                "target leases the last run kept ran out meanwhile (their source leases live): a \
-                 reconcile pass puts back the keys their expiry deleted"
-            );
-            self.engine.repair_owed = true;
-        }
+        // Only the fence holder keeps leases: what the link holds is found now and kept alive
+        // from now on; any that ran out meanwhile are granted again and their keys owed.
+        self.adopt_leases().await?;
         self.report_leases();
         Ok(())
     }

@@ -65,11 +65,16 @@ impl Run<'_> {
                 info!(from, "re-watching the source from the watermark");
                 self.watch = Some(self.open_watch(from).await?);
             }
-            let reconcile_at = if self.engine.repair_owed && scan_end.is_none() {
-                Some(Instant::now())
-            } else {
-                reconcile_clock.due(self.cfg().reconcile.interval.get(), scan_end.is_none())
-            };
+            if self.engine.repair_owed && scan_end.is_none() {
+                // A target lease ran out and took its keys: put them back before anything else,
+                // so the link does not report caught up while they are missing. The watch is
+                // buffered meanwhile.
+                self.engine.repair_owed = false;
+                self.reconcile_buffered(&mut scan_end).await?;
+                reconcile_clock.passed(Instant::now());
+                continue;
+            }
+            let reconcile_at = reconcile_clock.due(self.cfg().reconcile.interval.get(), scan_end.is_none());
             let watch = self.watch.as_mut().expect("opened above");
             let resp = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
@@ -113,7 +118,6 @@ impl Run<'_> {
                     // Inline on the tail's own task: it cannot overlap genesis, a sweep, a
                     // drain or itself, and no tail write races its reads.
                     // The watch is buffered meanwhile, so etcd never finds it stuck.
-                    self.engine.repair_owed = false;
                     self.reconcile_buffered(&mut scan_end).await?;
                     reconcile_clock.passed(Instant::now());
                     continue;

@@ -51,13 +51,34 @@ pub struct StopAgent {
     /// TERM (default), KILL, STOP or CONT.
     #[serde(default)]
     pub signal: Signal,
+    /// Extension: the agent has exited within this of the signal (TERM only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<HumanDuration>,
 }
 
 #[async_trait::async_trait]
 #[typetag::serde(name = "stop_agent")]
 impl Step for StopAgent {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.within.is_none() || self.signal == Signal::Term,
+            "stop_agent: `within` is for signal = \"TERM\""
+        );
+        Ok(())
+    }
+
     async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
-        world.stop_agent(&self.id, self.signal).await
+        let started = Instant::now();
+        let note = world.stop_agent(&self.id, self.signal).await?;
+        let took = started.elapsed();
+        if let Some(within) = self.within {
+            anyhow::ensure!(
+                took <= within.get(),
+                "agent {:?} took {took:?} to exit, more than {within:?}",
+                self.id
+            );
+        }
+        Ok(format!("{note} in {:.2}s", took.as_secs_f64()))
     }
 }
 

@@ -184,6 +184,9 @@ pub struct Put {
     /// write to the same cluster).
     #[serde(default, skip_serializing_if = "is_false")]
     pub outside_prefix: bool,
+    /// Extension: under this existing lease of the side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<i64>,
 }
 
 #[async_trait::async_trait]
@@ -213,9 +216,11 @@ impl Step for Put {
         };
         let value = self.value.clone().unwrap_or_else(|| "v".repeat(self.value_size));
         let (client, _) = sides.of(self.side);
-        let rev = client.put(key.clone(), value.clone(), None).await?.header().map_or(0, |h| h.revision());
+        let opts = self.lease.map(|id| etcd_client::PutOptions::new().with_lease(id));
+        let rev = client.put(key.clone(), value.clone(), opts).await?.header().map_or(0, |h| h.revision());
         if self.side == SideName::Source {
-            sides.journal.record([Written::Put { key, value: value.into_bytes(), revision: rev, lease: 0 }]);
+            let lease = self.lease.unwrap_or(0);
+            sides.journal.record([Written::Put { key, value: value.into_bytes(), revision: rev, lease }]);
         }
         Ok(format!("at {rev}"))
     }

@@ -41,6 +41,9 @@ use tracing::{error, info, warn};
 
 /// Exit code of a config error, so scripts can tell "fix the file" from "the engine failed".
 const EXIT_CONFIG: u8 = 2;
+/// The longest a stop takes after SIGTERM or SIGINT (issue #44: a Kubernetes rollout or drain
+/// waits that long per replica).
+const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1800);
 
 #[derive(Parser)]
 #[command(name = "mirror-agent", version, about = "One-way, fenced, resumable mirror of an etcd key range")]
@@ -256,8 +259,16 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         }
         info!("stopping");
         shutdown.cancel();
-        let _ = engine.await;
-        let _ = http.await;
+        // The engine bounds its own stop (a grace, then the request in flight is dropped, then
+        // a bounded HA resign); this is the backstop that keeps SIGTERM under 2 s whatever
+        // hangs (an HTTP client that holds its connection open, say).
+        let stopped = async {
+            let _ = engine.await;
+            let _ = http.await;
+        };
+        if tokio::time::timeout(STOP_DEADLINE, stopped).await.is_err() {
+            warn!("not stopped within {STOP_DEADLINE:?} of the signal; exiting anyway");
+        }
         ExitCode::SUCCESS
     })
 }

@@ -14,8 +14,12 @@ use mirror_core::{connect, Action, ConditionType, ErrorClass, EtcdError, Phase, 
 use mirror_fence::election::{self, Leadership};
 use tracing::{error, info, warn};
 
-use super::run_loop::LinkEnd;
+use super::run_loop::{stop_within_grace, LinkEnd};
 use super::Engine;
+
+/// How long the lease revoke of a stopping leader may take (the rest of the 2 s a SIGTERM has,
+/// after [`super::run_loop::STOP_GRACE`]).
+const RESIGN_ON_STOP: Duration = Duration::from_millis(800);
 
 /// How often a standby refreshes the leader it reports.
 const LEADER_REFRESH: Duration = Duration::from_secs(2);
@@ -89,10 +93,10 @@ impl Engine {
             let term = root.child_token();
             self.shutdown = term.clone();
             let end = {
-                let run = self.run_link();
+                let run = stop_within_grace(&root, self.run_link());
                 tokio::pin!(run);
                 tokio::select! {
-                    end = &mut run => Some(end),
+                    end = &mut run => Some(end.unwrap_or(LinkEnd::Stopped)),
                     _ = leadership.lost() => {
                         term.cancel();
                         run.await;
@@ -104,8 +108,10 @@ impl Engine {
             let timeout = self.cfg.sync.request_timeout.get();
             match end {
                 _ if root.is_cancelled() => {
+                    // Bounded so that SIGTERM ends the agent within 2 s: a target that does
+                    // not answer leaves the lease to expire on its TTL instead.
                     info!("stopping: resigning the HA election so a standby takes over at once");
-                    leadership.resign(timeout).await;
+                    leadership.resign(timeout.min(RESIGN_ON_STOP)).await;
                     return;
                 }
                 None => {

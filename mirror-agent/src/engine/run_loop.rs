@@ -11,6 +11,31 @@ use tracing::{error, info, warn};
 use super::decide::{self, Decision};
 use super::{Engine, EngineError, Pending, Progress};
 
+/// How long a link has, once shutdown is asked for, to end by itself (between two steps)
+/// before the step in flight is dropped: SIGTERM ends the agent within 2 s whatever RPC is in
+/// flight, a silent target's included. A Txn cut off mid-flight landed whole or not at all
+/// (etcd applies a Txn atomically), and the next start resumes from the checkpoint.
+pub(super) const STOP_GRACE: Duration = Duration::from_millis(600);
+
+/// Runs `work` to its end, or until [`STOP_GRACE`] after `shutdown`, when it is dropped
+/// (`None`): its RPC in flight is cancelled.
+pub(super) async fn stop_within_grace<F: std::future::Future>(
+    shutdown: &tokio_util::sync::CancellationToken,
+    work: F,
+) -> Option<F::Output> {
+    tokio::pin!(work);
+    tokio::select! {
+        out = &mut work => Some(out),
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => {
+            warn!("the link did not stop within {STOP_GRACE:?} of shutdown: its request in flight is cancelled");
+            None
+        }
+    }
+}
+
 /// How a run of the link ended.
 pub(super) enum LinkEnd {
     /// Shutdown (or, under HA, the end of this agent's term).
@@ -26,7 +51,8 @@ impl Engine {
         if self.cfg.ha.enabled {
             self.run_ha().await;
         } else {
-            self.run_link().await;
+            let shutdown = self.shutdown.clone();
+            stop_within_grace(&shutdown, self.run_link()).await;
         }
     }
 

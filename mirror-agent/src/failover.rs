@@ -29,7 +29,15 @@ const SOURCE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs the failover.
 pub async fn failover(config: Config, force: bool) -> ExitCode {
-    if let Some(endpoint) = answering_source_endpoint(&config).await {
+    let probing = tokio::time::Instant::now();
+    let answering = answering_source_endpoint(&config).await;
+    eprintln!(
+        "failover: probed {} source endpoint(s) at once in {:.2} s: {}",
+        config.source.endpoints.len(),
+        probing.elapsed().as_secs_f64(),
+        answering.as_deref().map_or("none answered".to_owned(), |e| format!("{e} answers")),
+    );
+    if let Some(endpoint) = answering {
         if !force {
             eprintln!(
                 "mirror-agent failover: refused, nothing written: the source answers at {endpoint}.\n\
@@ -62,27 +70,43 @@ pub async fn failover(config: Config, force: bool) -> ExitCode {
     }
 }
 
-/// The first source endpoint that serves a read within [`SOURCE_PROBE_TIMEOUT`], if any.
+/// A source endpoint that serves a read within [`SOURCE_PROBE_TIMEOUT`], if any. Every endpoint
+/// is asked at once, so a blackholed member costs one probe timeout, not one per member; the
+/// first to answer is returned.
 async fn answering_source_endpoint(config: &Config) -> Option<String> {
+    use futures::StreamExt as _;
     let mut sync = config.sync.clone();
     sync.dial_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
     sync.request_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
-    let key = config.source.prefix.clone();
-    for endpoint in &config.source.endpoints {
-        let probe = async {
-            let client =
-                connect_to(Side::Source, &config.source, &sync, std::slice::from_ref(endpoint)).await?;
-            let opts = etcd_client::GetOptions::new().with_count_only().with_limit(1);
-            unary(
-                "failover probe",
-                Side::Source,
-                SOURCE_PROBE_TIMEOUT,
-                client.kv_client().get(key.clone(), Some(opts)),
-            )
-            .await
-        };
-        if let Ok(Ok(_)) = tokio::time::timeout(SOURCE_PROBE_TIMEOUT * 2, probe).await {
-            return Some(endpoint.clone());
+    let (sync, key) = (&sync, config.source.prefix.clone());
+    let mut probes: futures::stream::FuturesUnordered<_> = config
+        .source
+        .endpoints
+        .iter()
+        .map(|endpoint| {
+            let key = key.clone();
+            async move {
+                let probe = async {
+                    let client =
+                        connect_to(Side::Source, &config.source, sync, std::slice::from_ref(endpoint))
+                            .await?;
+                    let opts = etcd_client::GetOptions::new().with_count_only().with_limit(1);
+                    unary(
+                        "failover probe",
+                        Side::Source,
+                        SOURCE_PROBE_TIMEOUT,
+                        client.kv_client().get(key, Some(opts)),
+                    )
+                    .await
+                };
+                matches!(tokio::time::timeout(SOURCE_PROBE_TIMEOUT * 2, probe).await, Ok(Ok(_)))
+                    .then(|| endpoint.clone())
+            }
+        })
+        .collect();
+    while let Some(answer) = probes.next().await {
+        if answer.is_some() {
+            return answer;
         }
     }
     None

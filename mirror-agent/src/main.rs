@@ -196,8 +196,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// The runtime. Worker threads get 8 MiB of stack, not tokio's 2 MiB: the engine's futures nest
+/// deeply (HA term, link run, phase, apply, lease round), and a debug build's poll frames
+/// (the binary the test suite and its image run) overflowed 2 MiB in the HA tail once lease
+/// adoption and the stop grace were added. The stack is address space; only touched pages cost
+/// memory.
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(8 << 20)
+        .build()
+        .expect("tokio runtime")
 }
 
 fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> ExitCode {

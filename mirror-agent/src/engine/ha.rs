@@ -14,7 +14,8 @@ use mirror_core::{connect, Action, ConditionType, ErrorClass, EtcdError, Phase, 
 use mirror_fence::election::{self, Leadership};
 use tracing::{error, info, warn};
 
-use super::run_loop::{stop_within_grace, LinkEnd};
+use super::probe::Warm;
+use super::run_loop::{stop_grace_elapsed, LinkEnd};
 use super::Engine;
 
 /// How long the lease revoke of a stopping leader may take (the rest of the 2 s a SIGTERM has,
@@ -48,7 +49,11 @@ impl Engine {
                 elected = self.campaign(&name) => elected,
             };
             let mut leadership = match leadership {
-                Ok(l) => l,
+                Ok((l, warm)) => {
+                    self.elected_at = Some(tokio::time::Instant::now());
+                    self.warm = warm;
+                    l
+                }
                 Err(e) => {
                     let Action::RetryAfter(delay) = wait.on_error(e.class()) else { return };
                     warn!("HA campaign failed ({e}); campaigning again in {delay:?}");
@@ -93,10 +98,11 @@ impl Engine {
             let term = root.child_token();
             self.shutdown = term.clone();
             let end = {
-                let run = stop_within_grace(&root, self.run_link());
+                let run = self.run_link();
                 tokio::pin!(run);
                 tokio::select! {
-                    end = &mut run => Some(end.unwrap_or(LinkEnd::Stopped)),
+                    end = &mut run => Some(end),
+                    _ = stop_grace_elapsed(&root) => Some(LinkEnd::Stopped),
                     _ = leadership.lost() => {
                         term.cancel();
                         run.await;
@@ -147,7 +153,10 @@ impl Engine {
     /// counts as none (the claim's fence still protects the data).
     async fn cutover_running(&self) -> Option<String> {
         let cfg = &self.cfg;
-        let client = connect(Side::Target, &cfg.target, &cfg.sync).await.ok()?;
+        let client = match &self.warm {
+            Some(w) => w.target.clone(),
+            None => connect(Side::Target, &cfg.target, &cfg.sync).await.ok()?,
+        };
         let reserved = self.rewriter.reserved_prefix();
         election::cutover_holder(&client, &reserved, cfg.sync.request_timeout.get()).await.ok().flatten()
     }
@@ -159,13 +168,17 @@ impl Engine {
         }
     }
 
-    /// Connects to the target and campaigns; meanwhile reports who leads.
-    async fn campaign(&self, name: &[u8]) -> Result<Leadership, EtcdError> {
+    /// Connects to the target and campaigns; meanwhile reports who leads and keeps both sides
+    /// probed and connected ([`Engine::warm_up`], every [`LEADER_REFRESH`]), so that once
+    /// elected the claim needs no dial and no probe. Returns the leadership and that connection
+    /// (`None` if the last refresh failed: the run then connects as usual).
+    async fn campaign(&self, name: &[u8]) -> Result<(Leadership, Option<Warm>), EtcdError> {
         let cfg = &self.cfg;
         let client = connect(Side::Target, &cfg.target, &cfg.sync).await?;
         let (ttl, timeout) = (cfg.ha.lease_ttl.get(), cfg.sync.request_timeout.get());
         let campaign = election::campaign(&client, name, &self.agent_id, ttl, timeout);
         tokio::pin!(campaign);
+        let mut warm: Option<Warm> = None;
         loop {
             if let Ok(leader) = election::leader(&client, name, timeout).await {
                 self.update(|s| {
@@ -174,9 +187,16 @@ impl Engine {
                     }
                 });
             }
+            // The campaign is polled throughout: winning while a refresh is under way drops
+            // the refresh and keeps the last one.
+            let refresh = async {
+                let fresh = self.warm_up(warm.as_ref()).await;
+                tokio::time::sleep(LEADER_REFRESH).await;
+                fresh
+            };
             tokio::select! {
-                elected = &mut campaign => return elected,
-                _ = tokio::time::sleep(LEADER_REFRESH) => {}
+                elected = &mut campaign => return elected.map(|l| (l, warm)),
+                fresh = refresh => warm = fresh.ok(),
             }
         }
     }

@@ -261,6 +261,12 @@ pub struct Engine {
     /// The target revision of this process's latest checkpoint commit (0: none yet). A target
     /// that answers from before it at a reconnect went back (`TargetWentBack`).
     target_committed: i64,
+    /// Under HA, a standby's connection to both sides, refreshed while it waits for the
+    /// election ([`probe::Warm`]), so that once elected it claims without dialing or probing.
+    warm: Option<probe::Warm>,
+    /// When this agent last won the HA election, until its claim (logged then as
+    /// `fence_after_election_ms`).
+    elected_at: Option<Instant>,
     /// A target lease ran out ([`Run::lease_lapsed`], or found at a run's start): the tail runs
     /// a reconcile pass as soon as it can, whatever `reconcile.interval` says, to put back the
     /// keys its expiry deleted.
@@ -312,6 +318,8 @@ impl Engine {
             watch_opened: false,
             target_committed: 0,
             repair_owed: false,
+            warm: None,
+            elected_at: None,
             fragment_watch: false,
         }
     }

@@ -6,6 +6,8 @@ use mirror_core::{
     SideStatus, Status,
 };
 
+use tokio::time::Instant;
+
 use super::{Engine, EngineError, Pending, Refusal, Run};
 
 impl Engine {
@@ -22,17 +24,52 @@ impl Engine {
         }
     }
 
+    /// Probes both sides and connects to the members that serve, reusing `last`'s clients
+    /// when the same members serve: what an HA standby keeps fresh while it waits.
+    pub(super) async fn warm_up(&self, last: Option<&Warm>) -> Result<Warm, EtcdError> {
+        let (cfg, sync) = (&self.cfg, &self.cfg.sync);
+        let tls_files = tls_fingerprint(cfg);
+        let (source_probe, target_probe) = futures::try_join!(
+            probe_members(Side::Source, &cfg.source, sync),
+            probe_members(Side::Target, &cfg.target, sync)
+        )?;
+        let same = last.filter(|w| {
+            w.tls_files == tls_files
+                && w.source_probe.serving_endpoints() == source_probe.serving_endpoints()
+                && w.target_probe.serving_endpoints() == target_probe.serving_endpoints()
+        });
+        let (source, target) = match same {
+            Some(w) => (w.source.clone(), w.target.clone()),
+            None => {
+                let serving = (source_probe.serving_endpoints(), target_probe.serving_endpoints());
+                futures::try_join!(
+                    connect_to(Side::Source, &cfg.source, sync, &serving.0),
+                    connect_to(Side::Target, &cfg.target, sync, &serving.1),
+                )?
+            }
+        };
+        Ok(Warm { at: Instant::now(), tls_files, source_probe, target_probe, source, target })
+    }
+
     pub(super) async fn connect_and_run(&mut self, pending: Pending) -> Result<(), EngineError> {
         if !self.ever_connected {
             self.set_phase(Phase::Connecting);
         }
         // Taken before the files are read, so a rotation racing the connect is seen next check.
         let tls_files = tls_fingerprint(&self.cfg);
+        // An HA standby's connection, if fresh and made with today's files: no dial, no probe.
+        let warm = self.warm.take().filter(|w| w.at.elapsed() < WARM_FOR && w.tls_files == tls_files);
         let sync = &self.cfg.sync;
-        let source_probe = probe_members(Side::Source, &self.cfg.source, sync).await;
+        let source_probe = match &warm {
+            Some(w) => Ok(w.source_probe.clone()),
+            None => probe_members(Side::Source, &self.cfg.source, sync).await,
+        };
         self.update(|s| reachability(s, ConditionType::SourceReachable, &source_probe));
         let source_probe = source_probe.map_err(|e| self.refuse_tls_at_start(e))?;
-        let target_probe = probe_members(Side::Target, &self.cfg.target, sync).await;
+        let target_probe = match &warm {
+            Some(w) => Ok(w.target_probe.clone()),
+            None => probe_members(Side::Target, &self.cfg.target, sync).await,
+        };
         self.update(|s| reachability(s, ConditionType::TargetReachable, &target_probe));
         let target_probe = target_probe.map_err(|e| self.refuse_tls_at_start(e))?;
         self.ever_connected = true;
@@ -55,8 +92,12 @@ impl Engine {
         }
 
         let sync = &self.cfg.sync;
-        let source =
-            connect_to(Side::Source, &self.cfg.source, sync, &source_probe.serving_endpoints()).await?;
+        let source = match &warm {
+            Some(w) => w.source.clone(),
+            None => {
+                connect_to(Side::Source, &self.cfg.source, sync, &source_probe.serving_endpoints()).await?
+            }
+        };
         let reverse = mirror_reconcile::find_reverse_link(
             &mut source.kv_client(),
             &self.rewriter,
@@ -69,8 +110,12 @@ impl Engine {
             let at = self.rewriter.redact(&other.namespace);
             return Err(Refusal::ReverseLink { other: other.link_uid, at }.into());
         }
-        let target =
-            connect_to(Side::Target, &self.cfg.target, sync, &target_probe.serving_endpoints()).await?;
+        let target = match warm {
+            Some(w) => w.target,
+            None => {
+                connect_to(Side::Target, &self.cfg.target, sync, &target_probe.serving_endpoints()).await?
+            }
+        };
         let preserve = self.cfg.sync.leases == mirror_core::LeaseMode::Preserve;
         let mut run = Run {
             engine: self,
@@ -98,6 +143,22 @@ impl Engine {
         self.target_committed = self.target_committed.max(committed);
         result
     }
+}
+
+/// How long a standby's [`Warm`] connection stands in for a probe: a little over two of its
+/// refreshes (`ha.rs`), so a member lost since shows in the next member check instead.
+pub(super) const WARM_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Both sides probed and connected, ahead of the claim (an HA standby's, [`Engine::warm_up`]).
+pub(super) struct Warm {
+    /// When the probes answered.
+    pub at: tokio::time::Instant,
+    /// The TLS files' digests the connections were made with.
+    pub tls_files: Option<Vec<[u8; 32]>>,
+    pub source_probe: Probe,
+    pub target_probe: Probe,
+    pub source: etcd_client::Client,
+    pub target: etcd_client::Client,
 }
 
 /// Digests of both sides' TLS files; `None` without TLS.

@@ -17,23 +17,13 @@ use super::{Engine, EngineError, Pending, Progress};
 /// (etcd applies a Txn atomically), and the next start resumes from the checkpoint.
 pub(super) const STOP_GRACE: Duration = Duration::from_millis(600);
 
-/// Runs `work` to its end, or until [`STOP_GRACE`] after `shutdown`, when it is dropped
-/// (`None`): its RPC in flight is cancelled.
-pub(super) async fn stop_within_grace<F: std::future::Future>(
-    shutdown: &tokio_util::sync::CancellationToken,
-    work: F,
-) -> Option<F::Output> {
-    tokio::pin!(work);
-    tokio::select! {
-        out = &mut work => Some(out),
-        _ = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(STOP_GRACE).await;
-        } => {
-            warn!("the link did not stop within {STOP_GRACE:?} of shutdown: its request in flight is cancelled");
-            None
-        }
-    }
+/// Resolves [`STOP_GRACE`] after `shutdown`: a `select!` branch beside the link's run, which
+/// then drops the run and with it the request in flight. (A branch, not a wrapper future: each
+/// wrapper adds a poll frame to an already deep stack in debug builds.)
+pub(super) async fn stop_grace_elapsed(shutdown: &tokio_util::sync::CancellationToken) {
+    shutdown.cancelled().await;
+    tokio::time::sleep(STOP_GRACE).await;
+    warn!("the link did not stop within {STOP_GRACE:?} of shutdown: its request in flight is cancelled");
 }
 
 /// How a run of the link ended.
@@ -52,7 +42,10 @@ impl Engine {
             self.run_ha().await;
         } else {
             let shutdown = self.shutdown.clone();
-            stop_within_grace(&shutdown, self.run_link()).await;
+            tokio::select! {
+                _ = self.run_link() => {}
+                _ = stop_grace_elapsed(&shutdown) => {}
+            }
         }
     }
 

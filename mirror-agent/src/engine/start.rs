@@ -249,7 +249,19 @@ impl Run<'_> {
         )
         .await?
         .with_max_txn_ops(self.cfg().sync.max_txn_ops as usize);
-        info!(epoch = writer.record().epoch, watermark = writer.record().watermark, "holding the fence");
+        match self.engine.elected_at.take() {
+            Some(at) => info!(
+                epoch = writer.record().epoch,
+                watermark = writer.record().watermark,
+                fence_after_election_ms = at.elapsed().as_millis() as u64,
+                "holding the fence"
+            ),
+            None => info!(
+                epoch = writer.record().epoch,
+                watermark = writer.record().watermark,
+                "holding the fence"
+            ),
+        }
         let watermark = writer.record().watermark;
         let confirmed = Some(writer.record().confirmed_time.clone()).filter(|t| !t.is_empty());
         self.engine.update(|s| {

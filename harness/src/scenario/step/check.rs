@@ -64,6 +64,12 @@ impl Step for Wait {
             .poll_until(&self.until, &self.agent, Instant::now() + timeout)
             .await
             .map_err(|why| anyhow::anyhow!("not reached within {timeout:?}: {why}"))?;
+        // A log line is printed as found: it often carries a figure (e.g. the HA takeover's
+        // `fence_after_election_ms`).
+        if let Until::Log(text) = &self.until {
+            let log = world.agent(&self.agent)?.process.log();
+            return Ok(log.lines().find(|l| l.contains(text.as_str())).unwrap_or_default().trim().to_owned());
+        }
         Ok(String::new())
     }
 }

@@ -18,10 +18,11 @@ async fn chaos_seed_42_for_60_seconds() {
     }
 }
 
-/// A deliberately broken agent is caught: with the debug-build failpoint that drops the
-/// checkpoint put from one fenced Txn in 50, the same chaos run fails (the agent's own fence
-/// no longer matches what it wrote, or the sides diverge), so a passing chaos run means
-/// something. Release builds compile the failpoint out.
+/// A deliberately broken agent is caught: with the failpoint that drops the checkpoint put
+/// from one fenced Txn in 50, the same chaos run fails (the agent's own fence no longer
+/// matches what it wrote, or the sides diverge), so a passing chaos run means something. The
+/// failpoint exists only with `mirror-core`'s `failpoints` feature, which the harness turns on
+/// for the workspace's test build; the agent built alone has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_catches_an_agent_that_drops_checkpoint_puts() {
     let faults: Vec<Fault> = Fault::ALL.iter().map(|(f, _)| *f).collect();

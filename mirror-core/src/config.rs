@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Auth;
 use crate::keys::{KeyRewriter, RESERVED_MARKER};
 use crate::units::{ByteSize, HumanDuration};
 
@@ -108,32 +109,6 @@ pub struct Tls {
     /// The operator's explicit acceptance of `insecure_skip_verify`.
     #[serde(default)]
     pub insecure_skip_verify_acknowledge_risk: bool,
-}
-
-/// `[source.auth]` / `[target.auth]`: a user whose password comes from a file or the environment.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Auth {
-    /// The etcd user.
-    #[serde(default)]
-    pub username: String,
-    /// File holding the password (trailing newline ignored).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_file: Option<PathBuf>,
-    /// Environment variable holding the password.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_env: Option<String>,
-    /// Accepted by the parser only to be refused by `validate` with a clear message:
-    /// passwords never live in the config file.
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "redact")]
-    pub password: Option<String>,
-}
-
-fn redact<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(_) => s.serialize_str("<redacted>"),
-        None => s.serialize_none(),
-    }
 }
 
 /// `[initial_sync]`.
@@ -391,7 +366,7 @@ impl Config {
             if !auth.password_file.as_ref().is_some_and(|p| p.exists()) {
                 continue;
             }
-            if let Err(why) = crate::connect::read_password(auth) {
+            if let Err(why) = crate::auth::read_password(auth) {
                 empty.push(Violation { field: format!("{name}.auth.password_file"), rule: why });
             }
         }

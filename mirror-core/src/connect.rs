@@ -43,6 +43,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use tonic::transport::Endpoint;
 
+use crate::auth::read_password;
 use crate::config::{Side as SideConfig, SyncSection};
 use crate::error::{EtcdError, Fault, Side};
 use crate::tls::TlsMaterial;
@@ -159,29 +160,6 @@ fn endpoint(
         .map_err(|e| invalid(format!("{side} endpoint {url}: TLS settings refused: {e}")))?;
     }
     Ok(endpoint)
-}
-
-/// The password of `auth`, from its file (one trailing newline dropped) or environment variable.
-/// An empty one is an error: it is a Secret that was never filled in, not a password.
-pub fn read_password(auth: &crate::config::Auth) -> Result<String, String> {
-    if let Some(path) = &auth.password_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read password_file {}: {e}", path.display()))?;
-        let password =
-            text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_owned();
-        if password.is_empty() {
-            return Err(format!("password_file {} is empty", path.display()));
-        }
-        return Ok(password);
-    }
-    if let Some(var) = &auth.password_env {
-        let password = std::env::var(var).map_err(|_| format!("password_env {var} is not set"))?;
-        if password.is_empty() {
-            return Err(format!("password_env {var} is empty"));
-        }
-        return Ok(password);
-    }
-    Err("needs password_file or password_env".into())
 }
 
 /// What probing every endpoint of a side found.
@@ -339,20 +317,20 @@ async fn version_over_http(side: Side, cfg: &SideConfig, url: &str, timeout: Dur
 }
 
 /// A TLS refusal that arrived with the first request instead of the dial (see
-/// [`crate::tls::late_alert`]), with what to check spelled out as for a refused dial; any other
+/// [`crate::tls_alert::late_alert`]), with what to check spelled out as for a refused dial; any other
 /// error as it is.
 fn late_tls_rejection(side: Side, url: &str, e: EtcdError) -> EtcdError {
     let alert = match &e.source {
         etcd_client::Error::GRpcStatus(status) => {
-            std::error::Error::source(status).and_then(crate::tls::late_alert)
+            std::error::Error::source(status).and_then(crate::tls_alert::late_alert)
         }
-        etcd_client::Error::TransportError(t) => crate::tls::late_alert(t),
+        etcd_client::Error::TransportError(t) => crate::tls_alert::late_alert(t),
         _ => None,
     };
     let Some(alert) = alert else { return e };
     let message = format!(
         "{side} endpoint {url}: TLS refused by the server after the handshake: {alert} ({})",
-        crate::tls::client_cert_hint(side)
+        crate::tls_alert::client_cert_hint(side)
     );
     EtcdError {
         op: e.op,
@@ -365,10 +343,13 @@ fn late_tls_rejection(side: Side, url: &str, e: EtcdError) -> EtcdError {
 /// A failed dial, with the TLS reason and what to check spelled out when the handshake was
 /// refused (the transport error's own text is only "transport error").
 fn dial_error(side: Side, url: &str, e: tonic::transport::Error) -> EtcdError {
-    let (fault, message) = match crate::tls::rejection(&e) {
+    let (fault, message) = match crate::tls_alert::rejection(&e) {
         Some(tls) => (
             Fault::TlsRejected,
-            format!("{side} endpoint {url}: TLS handshake refused: {tls} ({})", crate::tls::hint(side, tls)),
+            format!(
+                "{side} endpoint {url}: TLS handshake refused: {tls} ({})",
+                crate::tls_alert::hint(side, tls)
+            ),
         ),
         None => {
             let mut chain = Vec::<String>::new();

@@ -148,9 +148,12 @@ impl Fault {
         match err {
             E::GRpcStatus(status) if source_is_tls(status) => Fault::TlsRejected,
             E::GRpcStatus(status) => Fault::of_status(status.code(), status.message()),
-            E::TransportError(e) if crate::tls::is_tls_rejection(e) => Fault::TlsRejected,
+            E::TransportError(e) if crate::tls_alert::is_tls_rejection(e) => Fault::TlsRejected,
             E::TransportError(_) | E::IoError(_) => Fault::Unavailable,
             E::WatchError(msg) => Fault::of_watch_cancel(0, msg),
+            // etcd answers a keep-alive of a lease it does not hold with TTL 0, which the client
+            // turns into this error.
+            E::LeaseKeepAliveError(msg) if msg.contains("lease not found") => Fault::LeaseNotFound,
             E::LeaseKeepAliveError(_) | E::ElectError(_) => Fault::Unavailable,
             E::InvalidArgs(_)
             | E::InvalidUri(_)
@@ -219,7 +222,7 @@ impl Fault {
 
 /// Whether a gRPC status was made from a TLS failure of the connection under it.
 fn source_is_tls(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some_and(crate::tls::is_tls_rejection)
+    std::error::Error::source(status).is_some_and(crate::tls_alert::is_tls_rejection)
 }
 
 /// An etcd call that failed, with what the agent was doing and the classified fault.
@@ -304,6 +307,8 @@ mod tests {
         let missing = Fault::of_status(Code::NotFound, "etcdserver: requested lease not found");
         assert_eq!(missing, Fault::LeaseNotFound);
         assert_eq!(Fault::of_status(Code::NotFound, "etcdserver: member not found"), Fault::Other);
+        let kept = Fault::of(&etcd_client::Error::LeaseKeepAliveError("lease not found".into()));
+        assert_eq!(kept, Fault::LeaseNotFound, "a keep-alive answered with TTL 0");
         let exists = Fault::of_status(Code::FailedPrecondition, "etcdserver: lease already exists");
         assert_eq!(exists, Fault::LeaseExists);
     }

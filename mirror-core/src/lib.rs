@@ -25,6 +25,7 @@
 //! It never writes to etcd and holds no state: fencing lives in `mirror-fence`, the engine in
 //! the crates above it.
 
+mod auth;
 mod backoff;
 mod condition;
 mod config;
@@ -32,6 +33,7 @@ mod connect;
 #[cfg(test)]
 mod docs_tests;
 mod error;
+pub mod failpoint;
 mod keys;
 mod op;
 mod pager;
@@ -43,17 +45,19 @@ mod stride;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;
+mod tls_alert;
 mod units;
 
+pub use auth::{read_password, Auth};
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy, ThrottleState};
 pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
-    Auth, Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode,
-    Mode, Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
+    Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode, Mode,
+    Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy,
-    read_password, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
+    connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy, unary,
+    MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{

@@ -37,7 +37,7 @@ mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use error::FenceError;
-pub use nest::{nest, nested_txn_capacity, plan, Slot, TooManyOps, NESTED_TXNS};
+pub use nest::{nest, nested_txn_capacity, ops_per_level, plan, Slot, TooManyOps, NESTED_TXNS};
 pub use observed::{may_claim, read_checkpoint, read_checkpoint_since, Observed};
 pub use observer::FenceObserver;
 pub use writer::{DataWriter, FencedWriter};

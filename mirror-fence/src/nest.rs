@@ -27,12 +27,18 @@ pub struct TooManyOps {
 /// flat 128-op ones (measured by `harness bench`).
 pub const NESTED_TXNS: usize = 8;
 
+/// The one clamp of a per-level op limit (`sync.max_txn_ops`, or half of it after a target
+/// refused it): at least 2, one slot for the checkpoint put and one for data.
+pub fn ops_per_level(max_txn_ops: i64) -> usize {
+    max_txn_ops.max(2) as usize
+}
+
 /// Ops one Txn of [`NESTED_TXNS`] nested Txns carries beside the checkpoint put: each child as
 /// full as etcd allows under a parent holding that many ops (`max_txn_ops - n`), less one
 /// top-level slot for the checkpoint; never fewer than a flat Txn holds. Independent ops (scan
 /// puts, repairs, prune deletes) are chunked by it.
 pub fn nested_txn_capacity(max_txn_ops: i64) -> usize {
-    let limit = max_txn_ops.max(2) as usize;
+    let limit = ops_per_level(max_txn_ops);
     let nested = NESTED_TXNS.min(limit / 2);
     (nested * (limit - nested - 1)).max(limit - 1)
 }

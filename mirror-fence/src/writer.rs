@@ -56,24 +56,17 @@ fn fence_unmoved(resp: &etcd_client::TxnResponse, mod_revision: i64) -> bool {
     })
 }
 
-/// A deliberately broken writer, to prove the harness catches one (issue #12): in debug
-/// builds only, `MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY=N` drops the checkpoint put from every
-/// Nth commit. Release builds compile the same code to `false` (one code path for both, so a
-/// debug build proves the release build compiles).
+/// A deliberately broken writer, to prove the harness catches one (issue #12): with the
+/// `failpoints` feature (`mirror_core::failpoint`), `MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY=N`
+/// drops the checkpoint put from every Nth commit.
 mod failpoint {
     pub(super) fn drop_checkpoint_put() -> bool {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::sync::OnceLock;
         static EVERY: OnceLock<u64> = OnceLock::new();
         static COMMITS: AtomicU64 = AtomicU64::new(0);
-        if !cfg!(debug_assertions) {
-            return false;
-        }
         let every = *EVERY.get_or_init(|| {
-            std::env::var("MIRROR_FAILPOINT_DROP_CHECKPOINT_EVERY")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
+            mirror_core::failpoint::armed("DROP_CHECKPOINT_EVERY").and_then(|v| v.parse().ok()).unwrap_or(0)
         });
         every > 0 && (COMMITS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every)
     }
@@ -204,7 +197,7 @@ impl FencedWriter {
 
     /// Lays out Txns for a target whose `--max-txn-ops` is `max_txn_ops` (default 128).
     pub fn with_max_txn_ops(mut self, max_txn_ops: usize) -> FencedWriter {
-        self.max_txn_ops = max_txn_ops.max(2);
+        self.max_txn_ops = crate::nest::ops_per_level(max_txn_ops as i64);
         self
     }
 

@@ -47,7 +47,7 @@ pub struct RunOptions {
     pub keep: bool,
     /// Where etcd runs (default: detected).
     pub backend: Option<Backend>,
-    /// Extra environment for every agent process (e.g. a debug-build failpoint).
+    /// Extra environment for every agent process (e.g. a failpoint of `mirror_core::failpoint`).
     pub agent_env: Vec<(String, String)>,
     /// Overrides the file's `agent_backend`.
     pub agent_backend: Option<super::AgentKind>,

@@ -377,8 +377,7 @@ impl Run<'_> {
     }
 }
 
-/// Test hooks, live in debug builds only: release builds compile the same code and optimise
-/// it away, so a debug build (what CI builds) proves the release build compiles.
+/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
 mod failpoint {
     /// `MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ=KEY`: once per process, right after
     /// the target was read for coalescing deletes, put KEY into the target as another writer
@@ -386,10 +385,7 @@ mod failpoint {
     pub(super) fn foreign_put_after_coalesce_read() -> Option<String> {
         use std::sync::atomic::{AtomicBool, Ordering};
         static FIRED: AtomicBool = AtomicBool::new(false);
-        if !cfg!(debug_assertions) {
-            return None;
-        }
-        let key = std::env::var("MIRROR_FAILPOINT_FOREIGN_PUT_AFTER_COALESCE_READ").ok()?;
+        let key = mirror_core::failpoint::armed("FOREIGN_PUT_AFTER_COALESCE_READ")?;
         (!FIRED.swap(true, Ordering::Relaxed)).then_some(key)
     }
 }

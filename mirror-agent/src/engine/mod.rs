@@ -477,7 +477,9 @@ impl Run<'_> {
     /// The per-level op limit of this run: `sync.max_txn_ops` as the writer was built with it
     /// (a reload applies at the next run), halved where the target refused it.
     fn txn_ops_per_level(&self) -> usize {
-        self.writer.as_ref().map_or(self.cfg().sync.max_txn_ops.max(2) as usize, FencedWriter::max_txn_ops)
+        self.writer
+            .as_ref()
+            .map_or(mirror_fence::ops_per_level(self.cfg().sync.max_txn_ops), FencedWriter::max_txn_ops)
     }
 
     fn writer(&mut self) -> &mut FencedWriter {

@@ -44,7 +44,8 @@ async fn a_bad_config_exits_2_from_every_command() {
 }
 
 /// Against real clusters: 3 when a command cannot start (no checkpoint, a side unreachable),
-/// 1 when it ran and says no (sides differ, a refused plan, a cutover that ended in `failed`).
+/// 1 when it ran and says no (sides differ, a refused plan, a cutover that ended in `failed`),
+/// 2 from `run` when its HTTP address cannot be bound.
 #[tokio::test]
 async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
     let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
@@ -79,6 +80,18 @@ async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
     assert_eq!(code, 3, "verify with the target unreachable: {text}");
     let (code, text) = exit_of(&["cutover", "--config", &nowhere, "--wait"]).await;
     assert_eq!(code, 3, "cutover with the target unreachable: {text}");
+    let (code, text) = exit_of(&["retire", "--config", &nowhere]).await;
+    assert_eq!(code, 3, "retire with the target unreachable: {text}");
+    let (code, text) =
+        exit_of(&["failback-plan", "--config", &nowhere, "--promoted-watermark", "5", "--out", &plan]).await;
+    assert_eq!(code, 3, "failback-plan with a side unreachable: {text}");
+
+    // `run` on an HTTP address another process holds: 2, before it connects to anything.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, text) = exit_of(&["run", "--config", &file, "--listen", &addr]).await;
+    assert_eq!(code, 2, "run on an address in use: {text}");
+    assert!(text.contains(&addr), "names the address: {text}");
 
     // Link `codes` mirrors; a cutover run with another link's config finds that link's
     // checkpoint where it would write: PrefixConflict, phase failed, exit 1, nothing promoted.

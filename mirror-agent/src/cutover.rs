@@ -6,6 +6,7 @@
 //! they differ), and promote the target (checkpoint role `primary`). It prints the cutover block
 //! and exits 0 only when verified.
 
+use crate::exit::Exit;
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -15,17 +16,6 @@ use mirror_fence::{read_checkpoint, Observed, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
-
-/// Not promoted: verification failed, another writer holds the fence, or a permanent error
-/// (the reason is printed).
-const EXIT_FAILED: u8 = 1;
-/// Could not start (no checkpoint, unreachable target).
-const EXIT_ERROR: u8 = 3;
-/// Verified, but the source kept changing after the drain target (writers were not stopped).
-const EXIT_SOURCE_MOVED: u8 = 4;
-/// Verified and promoted, but the source could not be read afterwards to check for later writes:
-/// the target *is* primary now (unlike 3, where nothing happened).
-const EXIT_PROMOTED_UNCHECKED: u8 = 5;
 
 /// With `ha.enabled`, holds the link's cutover key until released (the HA replicas stand by).
 async fn hold_cutover_key(config: &Config) -> anyhow::Result<Option<mirror_fence::election::CutoverHold>> {
@@ -54,11 +44,11 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
             eprintln!(
                 "mirror-agent cutover: no checkpoint in the target: nothing has been mirrored to cut over"
             );
-            return ExitCode::from(EXIT_ERROR);
+            return ExitCode::from(Exit::CannotStart);
         }
         Err(e) => {
             eprintln!("mirror-agent cutover: cannot read the checkpoint: {e:#}");
-            return ExitCode::from(EXIT_ERROR);
+            return ExitCode::from(Exit::CannotStart);
         }
     };
     if record.role == Role::Primary {
@@ -75,7 +65,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
         Ok(hold) => hold,
         Err(e) => {
             eprintln!("mirror-agent cutover: cannot hold the cutover key for the HA replicas: {e:#}");
-            return ExitCode::from(EXIT_ERROR);
+            return ExitCode::from(Exit::CannotStart);
         }
     };
     config.ha.enabled = false;
@@ -108,7 +98,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
     if final_status.phase != Phase::Drained {
         let why = final_status.last_error.map(|e| format!("{}: {}", e.reason, e.message)).unwrap_or_default();
         eprintln!("mirror-agent cutover: not cut over (phase {}): {why}", final_status.phase.as_str());
-        return ExitCode::from(EXIT_FAILED);
+        return ExitCode::from(Exit::No);
     }
     let block = final_status.cutover.clone().unwrap_or_default();
     println!(
@@ -132,7 +122,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
             if allow_moving_source {
                 ExitCode::SUCCESS
             } else {
-                ExitCode::from(EXIT_SOURCE_MOVED)
+                ExitCode::from(Exit::PromotedSourceMoved)
             }
         }
         Err(e) => {
@@ -140,7 +130,7 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
                 "mirror-agent cutover: verified and promoted (the target is primary), but could not check \
                  the source for writes after the drained revision: {e:#}"
             );
-            ExitCode::from(EXIT_PROMOTED_UNCHECKED)
+            ExitCode::from(Exit::PromotedUnchecked)
         }
     }
 }

@@ -17,6 +17,7 @@
 //!
 //! The file is written whole or not at all (a temporary file renamed into place).
 
+use crate::exit::Exit;
 use std::fs::File;
 use std::io::{BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -30,13 +31,6 @@ use mirror_core::{connect_to, parse_version, probe_members, unary, Config, Pager
 use mirror_watch::{read_history, History, HistoryError, Written};
 use serde_json::json;
 
-/// The plan is written.
-const EXIT_WRITTEN: u8 = 0;
-/// Refused: the old source is behind the watermark.
-const EXIT_REFUSED: u8 = 1;
-/// Could not read or write.
-const EXIT_ERROR: u8 = 3;
-
 /// How often the history read asks for progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -45,15 +39,15 @@ pub async fn failback_plan(config: Config, watermark: i64, out: PathBuf) -> Exit
     match plan(&config, watermark, &out).await {
         Ok(summary) => {
             println!("{summary}");
-            ExitCode::from(EXIT_WRITTEN)
+            ExitCode::from(Exit::Done)
         }
         Err(Failure::Refused(why)) => {
             eprintln!("mirror-agent failback-plan: refused, nothing written: {why}");
-            ExitCode::from(EXIT_REFUSED)
+            ExitCode::from(Exit::No)
         }
         Err(Failure::Error(why)) => {
             eprintln!("mirror-agent failback-plan: {why:#}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(Exit::CannotStart)
         }
     }
 }

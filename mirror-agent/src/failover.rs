@@ -11,18 +11,12 @@
 //! While any source endpoint still answers, a failover would throw away writes a drain could
 //! carry: it refuses (exit 1, nothing written) and points at `cutover --wait`, unless `--force`.
 
+use crate::exit::Exit;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use mirror_core::{connect_reachable, connect_to, unary, Config, HumanDuration, Side};
 use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observed, Role};
-
-/// Promoted (or already primary).
-const EXIT_PROMOTED: u8 = 0;
-/// Refused: the source answers, or another writer's state kept moving.
-const EXIT_REFUSED: u8 = 1;
-/// Could not start: no checkpoint, unreachable target.
-const EXIT_ERROR: u8 = 3;
 
 /// How long a source endpoint has to answer before it counts as lost.
 const SOURCE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -45,27 +39,27 @@ pub async fn failover(config: Config, force: bool) -> ExitCode {
                  `mirror-agent cutover --config F --wait` drains it instead. If the source must be \
                  abandoned anyway (split brain, corrupt data), run again with --force."
             );
-            return ExitCode::from(EXIT_REFUSED);
+            return ExitCode::from(Exit::No);
         }
         eprintln!("failover: the source answers at {endpoint}; promoting anyway (--force)");
     }
     match promote(&config).await {
         Ok(Promotion::Done { record, previous_epoch }) => {
             print_window(&config, &record, Some(previous_epoch));
-            ExitCode::from(EXIT_PROMOTED)
+            ExitCode::from(Exit::Done)
         }
         Ok(Promotion::Already(record)) => {
             println!("already promoted: the target is primary (epoch {})", record.epoch);
             print_window(&config, &record, None);
-            ExitCode::from(EXIT_PROMOTED)
+            ExitCode::from(Exit::Done)
         }
         Err(Failure::Refused(why)) => {
             eprintln!("mirror-agent failover: refused: {why}");
-            ExitCode::from(EXIT_REFUSED)
+            ExitCode::from(Exit::No)
         }
         Err(Failure::Error(why)) => {
             eprintln!("mirror-agent failover: {why:#}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(Exit::CannotStart)
         }
     }
 }

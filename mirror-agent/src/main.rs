@@ -19,6 +19,7 @@
 
 mod cutover;
 mod engine;
+mod exit;
 mod failback;
 mod failover;
 mod freshness;
@@ -35,12 +36,11 @@ use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use exit::Exit;
 use mirror_core::{Applies, Config, ConfigError, Status};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-/// Exit code of a config error, so scripts can tell "fix the file" from "the engine failed".
-const EXIT_CONFIG: u8 = 2;
 /// The longest a stop takes after SIGTERM or SIGINT (issue #44: a Kubernetes rollout or drain
 /// waits that long per replica).
 const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1800);
@@ -157,42 +157,17 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
         Command::Status { url, json, watch } => status(&url, json, watch),
-        Command::Cutover { config, wait: _, allow_moving_source } => match Config::load(&config) {
-            Ok(c) => {
-                let _ =
-                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
-                runtime().block_on(cutover::cutover(c, allow_moving_source))
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::Failover { config, force } => match Config::load(&config) {
-            Ok(c) => {
-                let _ =
-                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
-                runtime().block_on(failover::failover(c, force))
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::FailbackPlan { config, promoted_watermark, out } => match Config::load(&config) {
-            Ok(c) => {
-                let _ =
-                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
-                runtime().block_on(failback::failback_plan(c, promoted_watermark, out))
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::Retire { config, force } => match Config::load(&config) {
-            Ok(c) => {
-                let _ =
-                    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
-                runtime().block_on(retire::retire(c, force))
-            }
-            Err(e) => config_error(&config, &e),
-        },
-        Command::Verify { config, revision, max_diffs } => match Config::load(&config) {
-            Ok(c) => runtime().block_on(verify::verify(c, revision, max_diffs)),
-            Err(e) => config_error(&config, &e),
-        },
+        Command::Cutover { config, wait: _, allow_moving_source } => {
+            one_shot(&config, |c| cutover::cutover(c, allow_moving_source))
+        }
+        Command::Failover { config, force } => one_shot(&config, |c| failover::failover(c, force)),
+        Command::FailbackPlan { config, promoted_watermark, out } => {
+            one_shot(&config, |c| failback::failback_plan(c, promoted_watermark, out))
+        }
+        Command::Retire { config, force } => one_shot(&config, |c| retire::retire(c, force)),
+        Command::Verify { config, revision, max_diffs } => {
+            one_shot(&config, |c| verify::verify(c, revision, max_diffs))
+        }
     }
 }
 
@@ -237,7 +212,7 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
             Ok(l) => l,
             Err(e) => {
                 error!("cannot listen on {}: {e}", config.http.listen);
-                return ExitCode::from(EXIT_CONFIG);
+                return ExitCode::from(Exit::Config);
             }
         };
         info!(link = %config.link_uid, epoch = config.epoch, listen = %config.http.listen, "mirror-agent starting");
@@ -397,9 +372,25 @@ fn status(url: &str, json: bool, watch: bool) -> ExitCode {
     })
 }
 
+/// A one-shot command (`cutover`, `failover`, `failback-plan`, `retire`, `verify`): its config
+/// loaded (exit 2 naming every violation otherwise), warnings and errors logged to stderr, run
+/// to its end on a runtime of its own.
+fn one_shot<F, Fut>(file: &std::path::Path, command: F) -> ExitCode
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    let config = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => return config_error(file, &e),
+    };
+    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+    runtime().block_on(command(config))
+}
+
 fn config_error(file: &std::path::Path, e: &ConfigError) -> ExitCode {
     eprintln!("mirror-agent: {}: {e}", file.display());
-    ExitCode::from(EXIT_CONFIG)
+    ExitCode::from(Exit::Config)
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {

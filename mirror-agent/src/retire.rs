@@ -11,19 +11,13 @@
 //! the checkpoint's mod revision, so a writer that wakes up in between makes it fail instead of
 //! losing its fence silently.
 
+use crate::exit::Exit;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use mirror_core::{connect_reachable, prefix_end, unary, Config, KeyRange, Side};
 use tokio::time::Instant;
-
-/// Retired, or nothing was left to retire.
-const EXIT_RETIRED: u8 = 0;
-/// Refused: an agent of the link may still hold the fence.
-const EXIT_REFUSED: u8 = 1;
-/// Could not start: unreachable target, a failed read.
-const EXIT_ERROR: u8 = 3;
 
 /// How often the checkpoint is read while watching for a live writer.
 const POLL: Duration = Duration::from_millis(500);
@@ -33,22 +27,22 @@ pub async fn retire(config: Config, force: bool) -> ExitCode {
     match run(&config, force).await {
         Ok(Outcome::Retired { keys }) => {
             println!("retired link {:?}: deleted its {keys} reserved keys from the target", config.link_uid);
-            ExitCode::from(EXIT_RETIRED)
+            ExitCode::from(Exit::Done)
         }
         Ok(Outcome::Nothing) => {
             println!("link {:?} has no reserved keys in the target: nothing to retire", config.link_uid);
-            ExitCode::from(EXIT_RETIRED)
+            ExitCode::from(Exit::Done)
         }
         Ok(Outcome::Refused(why)) => {
             eprintln!(
                 "mirror-agent retire: refused, nothing deleted: {why}. Stop every agent of the link first; \
                  run again with --force only if none can write any more"
             );
-            ExitCode::from(EXIT_REFUSED)
+            ExitCode::from(Exit::No)
         }
         Err(e) => {
             eprintln!("mirror-agent retire: {e:#}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(Exit::CannotStart)
         }
     }
 }

@@ -5,25 +5,21 @@
 //! `mirror-reconcile`. Counts and SHA-256 fingerprints of the ordered (target key, value) pairs
 //! of both sides are printed, then up to `--max-diffs` differing keys, redacted. It never writes.
 
+use crate::exit::Exit;
 use std::process::ExitCode;
 
 use mirror_core::{connect_reachable, unary, Config, Side};
 use mirror_fence::Checkpoint;
 use mirror_reconcile::{Differ, Difference};
 
-/// Exit code when the sides differ.
-const EXIT_DIFFERENT: u8 = 1;
-/// Exit code when verification could not run (unreachable, compacted revision, no watermark).
-const EXIT_ERROR: u8 = 3;
-
 /// Runs the comparison and prints the report.
 pub async fn verify(config: Config, revision: Option<i64>, max_diffs: usize) -> ExitCode {
     match run(config, revision, max_diffs).await {
         Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(EXIT_DIFFERENT),
+        Ok(false) => ExitCode::from(Exit::No),
         Err(e) => {
             eprintln!("mirror-agent verify: {e:#}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(Exit::CannotStart)
         }
     }
 }

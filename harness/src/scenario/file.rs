@@ -14,7 +14,8 @@
 //!   `put`/`del` take `checkpoint = true` for the link's checkpoint key (a corrupt-checkpoint
 //!   scenario writes it);
 //! - `load` takes `lease = ID` (and `lease_every = N`: every Nth key) to put keys under a source
-//!   lease, and `revoke lease = ID` revokes it (etcd deletes its keys in one revision);
+//!   lease, and `revoke lease = ID` revokes it (etcd deletes its keys in one revision; with
+//!   `side = "target"` the target's copy, as a lease lapsing there);
 //!   `del` and `revoke` take `target_revisions = N`: the agent applies that source revision as
 //!   exactly N target revisions (1: atomically);
 //! - `check_perf` runs `etcdctl check perf` (`load`, `prefix`) against the source;

@@ -129,7 +129,7 @@ fn steps_round_trip() {
             lease_every: Some(2),
             lease_ttl: None,
         }),
-        Box::new(Revoke { lease: 7, target_revisions: None }),
+        Box::new(Revoke { side: SideName::Source, lease: 7, target_revisions: None }),
         Box::new(Put {
             side: SideName::Target,
             key: None,
@@ -230,6 +230,18 @@ fn condition_with_reason() {
 }
 
 /// Versions name all four releases, 3.5.30 by default, and source->target pairs.
+/// The defaults SPEC §8 gives: `churn` keyspace 1000 and rate 500 writes/s, not background.
+#[test]
+fn churn_takes_the_spec_defaults() {
+    let text =
+        "name = \"x\"\nabout = \"y\"\n[source]\nprefix = \"/a/\"\n[[step]]\ndo = \"churn\"\nops = 10\n";
+    let s = Scenario::parse(text).unwrap();
+    let want =
+        Churn { ops: 10, rate: 500, keyspace: 1000, value_size: 100, prefix: String::new(), leases: true };
+    assert_eq!(shown(s.steps[0].step.as_ref()), shown(&want));
+    assert!(!s.steps[0].background);
+}
+
 #[test]
 fn versions_default_and_pairs() {
     let none = Scenario::parse("name = \"x\"\nabout = \"y\"\n[source]\nprefix = \"/a/\"\n").unwrap();

@@ -294,12 +294,10 @@ async fn look_at(
     // with "lease not found" on a TTL of 0.
     let mut lease = target.lease_client();
     let kept = tokio::time::timeout(timeout, lease.keep_alive(id)).await;
-    match kept {
+    match kept.map(|answer| answer.map_err(|e| EtcdError::new("lease keep-alive", Side::Target, e))) {
         Ok(Ok(_)) => Ok(Looked::Kept(id)),
-        Ok(Err(etcd_client::Error::LeaseKeepAliveError(text))) if text.contains("not found") => {
-            Ok(Looked::Lapsed(id))
-        }
-        Ok(Err(e)) => Err(EtcdError::new("lease keep-alive", Side::Target, e).into()),
+        Ok(Err(e)) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
+        Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(EtcdError::new(
             "lease keep-alive",
             Side::Target,
@@ -328,14 +326,14 @@ impl Run<'_> {
         if self.cfg().sync.leases != mirror_core::LeaseMode::Preserve {
             return Ok(());
         }
-        let watermark = self.writer().record().watermark;
-        let in_source =
-            match self.leases_in(Side::Source, self.engine.rewriter.scan_windows(), watermark).await {
-                Err(e) if e.fault == Fault::Compacted => {
-                    self.leases_in(Side::Source, self.engine.rewriter.scan_windows(), 0).await?
-                }
-                found => found?,
-            };
+        let record = self.writer().record().clone();
+        let watermark = record.watermark;
+        let copied =
+            copied_windows(&self.engine.rewriter.scan_windows(), record.scanning, &record.scan_cursor);
+        let in_source = match self.leases_in(Side::Source, copied.clone(), watermark).await {
+            Err(e) if e.fault == Fault::Compacted => self.leases_in(Side::Source, copied, 0).await?,
+            found => found?,
+        };
         let in_target = self.leases_in(Side::Target, self.engine.rewriter.target_windows(), 0).await?;
         let timeout = self.timeout();
         let lapsed = self.leases.adopt(&self.source, &self.target, &in_source, &in_target, timeout).await?;
@@ -422,6 +420,26 @@ impl Run<'_> {
     }
 }
 
+/// The part of the source range the target already holds a copy of: all of it once the
+/// initial sync is complete, up to the scan cursor while it runs (`scanning`), nothing before
+/// its first chunk. Only there can a target lease have lapsed and taken keys with it; leases of
+/// keys not copied yet are granted as the scan reaches them.
+fn copied_windows(windows: &[KeyRange], scanning: bool, cursor: &[u8]) -> Vec<KeyRange> {
+    if !scanning {
+        return windows.to_vec();
+    }
+    if cursor.is_empty() {
+        return Vec::new();
+    }
+    let end = mirror_core::key_after(cursor);
+    let cut = |w: &KeyRange| if w.end == [0] || w.end > end { end.clone() } else { w.end.clone() };
+    windows
+        .iter()
+        .filter(|w| w.start < end)
+        .map(|w| KeyRange { start: w.start.clone(), end: cut(w) })
+        .collect()
+}
+
 /// The source leases the puts of `ops` name (with repeats).
 fn leases_of(ops: &[Op]) -> impl Iterator<Item = i64> + '_ {
     ops.iter().filter_map(|op| match op {
@@ -480,4 +498,33 @@ async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Resu
     let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
     let at = resp.header().map_or(0, |h| h.revision());
     Ok(Ttl { granted: (resp.ttl() >= 0).then_some(resp.granted_ttl()), at })
+}
+
+#[cfg(test)]
+mod tests {
+    use mirror_core::KeyRange;
+
+    use super::copied_windows;
+
+    fn range(start: &[u8], end: &[u8]) -> KeyRange {
+        KeyRange { start: start.to_vec(), end: end.to_vec() }
+    }
+
+    /// Where a start looks for lapsed leases: the whole range after the initial sync, the part
+    /// up to and including the cursor during it, nothing before its first chunk.
+    #[test]
+    fn lapses_are_looked_for_only_where_the_target_holds_a_copy() {
+        let windows = [range(b"/a/", b"/a/m"), range(b"/a/n", b"/a0"), range(b"/z/", &[0])];
+        assert_eq!(copied_windows(&windows, false, b""), windows.to_vec());
+        assert!(copied_windows(&windows, true, b"").is_empty(), "nothing copied yet");
+        assert_eq!(
+            copied_windows(&windows, true, b"/a/p"),
+            [range(b"/a/", b"/a/m"), range(b"/a/n", b"/a/p\0")]
+        );
+        assert_eq!(
+            copied_windows(&windows, true, b"/z/q")[2],
+            range(b"/z/", b"/z/q\0"),
+            "an unbounded window is cut"
+        );
+    }
 }

@@ -76,10 +76,14 @@ impl Step for Load {
 }
 
 /// Extension: revokes a source lease (`lease`, from a `load`): etcd deletes its keys in one
-/// revision.
+/// revision. `side = "target"` revokes the target's copy instead (a lease lapsing there, as
+/// after an outage longer than its TTL).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Revoke {
+    /// Which side (default source).
+    #[serde(default = "source_side", skip_serializing_if = "is_source")]
+    pub side: SideName,
     /// The lease ID.
     pub lease: i64,
     /// Extension, as on `del`.
@@ -99,9 +103,18 @@ impl Step for Revoke {
     }
 
     async fn run_detached(&self, mut sides: Sides, _seed: u64) -> anyhow::Result<String> {
-        let resp = sides.source.lease_revoke(self.lease).await?;
+        let (client, _) = sides.of(self.side);
+        let resp = client.lease_revoke(self.lease).await?;
         Ok(format!("lease {} revoked at {}", self.lease, resp.header().map_or(0, |h| h.revision())))
     }
+}
+
+fn rate_500() -> u32 {
+    500
+}
+
+fn keyspace_1000() -> usize {
+    1000
 }
 
 /// Open-loop churn: puts, overwrites, deletes, multi-op Txns, range deletes, leased puts.
@@ -110,9 +123,11 @@ impl Step for Revoke {
 pub struct Churn {
     /// Operations in all.
     pub ops: usize,
-    /// Offered per second.
+    /// Offered per second (SPEC §8 default: 500).
+    #[serde(default = "rate_500")]
     pub rate: u32,
-    /// Distinct keys.
+    /// Distinct keys (SPEC §8 default: 1000).
+    #[serde(default = "keyspace_1000")]
     pub keyspace: usize,
     /// Bytes per value.
     #[serde(default = "value_100")]

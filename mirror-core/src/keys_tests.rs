@@ -123,6 +123,28 @@ proptest! {
         }
     }
 
+    /// The scan's Get windows are exactly the keys in scope, for any set of excludes (nested,
+    /// equal, adjacent, or covering the whole prefix): no window overlaps an excluded range and
+    /// no in-scope key is left out. The windows are in key order and disjoint.
+    #[test]
+    fn scan_windows_are_exactly_the_keys_in_scope(
+        excludes in prop::collection::vec(key_strategy(), 0..5),
+        keys in prop::collection::vec(key_strategy(), 1..20),
+    ) {
+        let excludes: Vec<Vec<u8>> = excludes.iter().map(|e| [&b"/registry/"[..], e].concat()).collect();
+        let r = KeyRewriter::new(b"/registry/", b"/dr/", excludes.iter().map(Vec::as_slice));
+        let windows = r.scan_windows();
+        for pair in windows.windows(2) {
+            prop_assert!(pair[0].end <= pair[1].start, "disjoint and in order: {:?}", pair);
+        }
+        // The excludes' own keys too: the edge of every cut.
+        let probes = keys.iter().chain(&excludes).flat_map(|k| [k.clone(), [&b"/registry/"[..], k].concat()]);
+        for k in probes {
+            let fetched = windows.iter().filter(|w| w.contains(&k)).count();
+            prop_assert_eq!(fetched, usize::from(r.in_scope(&k)), "key {:?}", k);
+        }
+    }
+
     /// Distinct in-scope source keys never share a target key, and the inverse recovers them.
     #[test]
     fn rewrite_is_injective_on_scope(a in key_strategy(), b in key_strategy()) {

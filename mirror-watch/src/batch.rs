@@ -154,6 +154,12 @@ mod tests {
         let flushed = b.push(rev(2, vec![put("c", 1), put("d", 1)])).expect("3 data ops max");
         assert_eq!(flushed.last_revision(), 1);
         assert_eq!(b.take().unwrap().last_revision(), 2);
+        // The boundary itself: exactly max_txn_ops - 1 data ops are held without a flush, one
+        // more flushes them as they were.
+        let mut b = RevisionBatcher::new(4, 1 << 20);
+        assert!(b.push(rev(1, vec![put("a", 1), put("b", 1), put("c", 1)])).is_none(), "3 of 4 fit");
+        let flushed = b.push(rev(2, vec![put("d", 1)])).expect("a 4th data op leaves no checkpoint slot");
+        assert_eq!((flushed.last_revision(), flushed.revisions.len()), (1, 1));
     }
 
     /// A key already pending forces a flush (etcd refuses duplicate keys in a Txn).

@@ -76,6 +76,38 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     assert_eq!(revision(&mut dst).await, before, "nothing may be written after the cutover");
 }
 
+/// The role flip alone fences the running engine (reference TestRoleFlipCutoverFence): the
+/// record is rewritten to role `primary` at the *same* epoch, so no epoch rule can be what
+/// stops it. The daemon's next write fails its compare, it re-reads the record, stands by with
+/// `Fenced` / `TargetPromoted`, and nothing lands after the flip.
+#[tokio::test]
+async fn a_role_flip_at_the_same_epoch_fences_the_running_engine() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/flip/", 200, 16).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "flip", "/flip/");
+    let daemon = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&daemon).await.unwrap();
+
+    let mut dst = target.client().await.unwrap();
+    let mut record = checkpoint(&mut dst, &cfg).await;
+    let epoch = record.epoch;
+    record.role = Role::Primary;
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    dst.put(key.clone(), record.encode().unwrap(), None).await.unwrap();
+    let flipped = revision(&mut dst).await;
+
+    src.put("/flip/after-the-flip", "1", None).await.unwrap();
+    let status = daemon.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+    let fenced = status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::Fenced).unwrap();
+    assert!(fenced.status && fenced.reason == "TargetPromoted", "{status:#?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(revision(&mut dst).await, flipped, "nothing lands after the role flip");
+    let after = checkpoint(&mut dst, &cfg).await;
+    assert_eq!((after.role, after.epoch), (Role::Primary, epoch), "the flip alone, at the same epoch");
+    assert!(dst.get("/flip/after-the-flip", None).await.unwrap().kvs().is_empty());
+}
+
 /// A daemon in `mode = "drain"` drains, verifies and promotes by itself: phase `drained`,
 /// `CutoverReady`, the cutover block in status, HTTP still served.
 #[tokio::test]

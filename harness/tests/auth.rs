@@ -3,26 +3,17 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, Permission};
+use etcd_client::{Client, Permission};
 use harness::scenario;
 use harness::{agent_command, load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
 use mirror_core::Phase;
 
-/// Enables auth with a root user and a `mirror` user whose role may only `read` or `read_write`
-/// the prefix; returns a root client.
-async fn enable_auth(cluster: &EtcdCluster, prefix: &str, writable: bool) -> Client {
-    let mut c = cluster.client().await.unwrap();
-    c.user_add("root", "root-pw", None).await.unwrap();
-    c.user_grant_role("root", "root").await.unwrap();
-    c.role_add("mirror").await.unwrap();
+/// Enables auth (`EtcdCluster::enable_auth`: a root user, and a `mirror` user, password
+/// `mirror-pw`, whose role may only `read` or `read_write` the prefix); returns a root client.
+async fn enable_auth(cluster: &mut EtcdCluster, prefix: &str, writable: bool) -> Client {
     let perm = if writable { Permission::read_write(prefix) } else { Permission::read(prefix) };
-    c.role_grant_permission("mirror", perm.with_prefix()).await.unwrap();
-    c.user_add("mirror", "mirror-pw", None).await.unwrap();
-    c.user_grant_role("mirror", "mirror").await.unwrap();
-    c.auth_enable().await.unwrap();
-    Client::connect(cluster.endpoints(), Some(ConnectOptions::new().with_user("root", "root-pw")))
-        .await
-        .unwrap()
+    cluster.enable_auth("mirror", vec![perm.with_prefix()]).await.unwrap();
+    cluster.client().await.unwrap()
 }
 
 /// Least privilege (SPEC §5), on every version of the matrix: a source user with only `read` on
@@ -37,10 +28,10 @@ async fn enable_auth(cluster: &EtcdCluster, prefix: &str, writable: bool) -> Cli
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
 async fn least_privilege_users_mirror_verify_and_cut_over(#[case] version: EtcdVersion) {
-    let source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
-    let mut src = enable_auth(&source, "/au/", false).await;
-    let mut dst = enable_auth(&target, "/au/", true).await;
+    let mut source = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let mut target = EtcdCluster::start(ClusterSpec::new(version)).await.unwrap();
+    let mut src = enable_auth(&mut source, "/au/", false).await;
+    let mut dst = enable_auth(&mut target, "/au/", true).await;
     load_keys(&mut src, "/au/", 500, 8).await.unwrap();
     src.put("/outside/secret", "x", None).await.unwrap();
 
@@ -81,8 +72,8 @@ async fn least_privilege_users_mirror_verify_and_cut_over(#[case] version: EtcdV
 #[tokio::test]
 async fn wrong_password_is_permanent_and_names_the_side() {
     let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let _root = enable_auth(&target, "/wp/", true).await;
+    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let _root = enable_auth(&mut target, "/wp/", true).await;
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("target-pass");
     std::fs::write(&pw, "not-the-password").unwrap();
@@ -109,9 +100,9 @@ async fn wrong_password_is_permanent_and_names_the_side() {
 #[tokio::test]
 async fn a_standby_whose_connect_fails_still_takes_over() {
     let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
-    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
+    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_1)).await.unwrap();
     let mut src = source.client().await.unwrap();
-    let mut root = enable_auth(&target, "/sb/", true).await;
+    let mut root = enable_auth(&mut target, "/sb/", true).await;
     load_keys(&mut src, "/sb/", 50, 8).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("target-pass");

@@ -292,21 +292,10 @@ async fn look_at(
     }
     // A stream for one request: etcd-client sends the request, reads the answer and fails
     // with "lease not found" on a TTL of 0.
-    let mut lease = target.lease_client();
-    let kept = tokio::time::timeout(timeout, lease.keep_alive(id)).await;
-    match kept.map(|answer| answer.map_err(|e| EtcdError::new("lease keep-alive", Side::Target, e))) {
-        Ok(Ok(_)) => Ok(Looked::Kept(id)),
-        Ok(Err(e)) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(EtcdError::new(
-            "lease keep-alive",
-            Side::Target,
-            etcd_client::Error::IoError(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {timeout:?}"),
-            )),
-        )
-        .into()),
+    match unary("lease keep-alive", Side::Target, timeout, target.lease_client().keep_alive(id)).await {
+        Ok(_) => Ok(Looked::Kept(id)),
+        Err(e) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use etcd_client::{Client, Permission};
 use harness::scenario;
 use harness::{agent_command, load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
-use mirror_core::Phase;
+use mirror_core::{Phase, Reason};
 
 /// Enables auth (`EtcdCluster::enable_auth`: a root user, and a `mirror` user, password
 /// `mirror-pw`, whose role may only `read` or `read_write` the prefix); returns a root client.
@@ -86,7 +86,7 @@ async fn wrong_password_is_permanent_and_names_the_side() {
         agent.wait_for("failed", Duration::from_secs(60), |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().unwrap();
     assert_eq!(err.class, mirror_core::ErrorClass::Permanent, "{status:#?}");
-    assert_eq!(err.reason, "AuthFailed", "{status:#?}");
+    assert_eq!(err.reason, Reason::AuthFailed, "{status:#?}");
     assert!(err.message.contains("target"), "{}", err.message);
     let cond =
         status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::TargetReachable).unwrap();

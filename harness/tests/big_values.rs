@@ -3,6 +3,7 @@
 //! reconcile, verify and drain readers had no byte adaptation at all, and repair batches could
 //! pass the target's request limit.
 
+use mirror_core::Reason;
 use std::time::Duration;
 
 use etcd_client::Client;
@@ -135,7 +136,7 @@ async fn a_value_over_the_targets_limit_names_key_size_and_flag() {
         .await
         .unwrap();
     let error = status.last_error.expect("a last_error");
-    assert_eq!(error.reason, "ValueTooLarge", "{error:?}");
+    assert_eq!(error.reason, Reason::ValueTooLarge, "{error:?}");
     // The key is redacted to its prefix and a digest; the size counts key, value and overhead.
     for part in ["key /over/", "100032 bytes", "--max-request-bytes"] {
         assert!(error.message.contains(part), "{part:?} missing from {:?}", error.message);

@@ -2,6 +2,7 @@
 //! phase, `last_error` clears after recovery, `initial_sync.start_revision` tails without a
 //! scan.
 
+use mirror_core::Reason;
 use std::time::Duration;
 
 use harness::scenario::{self, caught_up, synced, SYNC_TIMEOUT};
@@ -171,6 +172,11 @@ async fn a_changed_range_forces_a_resync() {
     caught_up(&agent, &mut src).await.unwrap();
     assert_eq!(scenario::count_prefix(&mut dst, "/rg/skip/").await.unwrap(), 10, "now in scope, now copied");
     let status = agent.status().await.unwrap();
-    assert_eq!(status.forced_resyncs.by_reason.get("RangeChanged"), Some(&1), "{:?}", status.forced_resyncs);
+    assert_eq!(
+        status.forced_resyncs.by_reason.get(&Reason::RangeChanged),
+        Some(&1),
+        "{:?}",
+        status.forced_resyncs
+    );
     assert!(matches!(scenario::g3_of(&source, &target, &base).await.unwrap(), G3::Holds { keys: 110, .. }));
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentConfig, AgentProcess, EtcdCluster};
-use mirror_core::Phase;
+use mirror_core::{AgentRole, Phase, Reason};
 use mirror_fence::{Checkpoint, Role};
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
@@ -100,7 +100,7 @@ async fn a_role_flip_at_the_same_epoch_fences_the_running_engine() {
     src.put("/flip/after-the-flip", "1", None).await.unwrap();
     let status = daemon.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
     let fenced = status.conditions.iter().find(|c| c.type_ == mirror_core::ConditionType::Fenced).unwrap();
-    assert!(fenced.status && fenced.reason == "TargetPromoted", "{status:#?}");
+    assert!(fenced.status && fenced.reason == Reason::TargetPromoted, "{status:#?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(revision(&mut dst).await, flipped, "nothing lands after the role flip");
     let after = checkpoint(&mut dst, &cfg).await;
@@ -125,7 +125,7 @@ async fn drain_mode_daemon_reports_cutover() {
     assert!(status.condition(mirror_core::ConditionType::CutoverReady), "{status:#?}");
     assert!(status.condition(mirror_core::ConditionType::InvariantsHeld), "{status:#?}");
     assert_eq!((status.source_keys, status.target_keys), (Some(800), Some(800)));
-    assert_eq!(status.role, "primary");
+    assert_eq!(status.role, AgentRole::Primary);
     let block = status.cutover.expect("cutover block");
     assert_eq!((block.source_keys, block.target_keys), (800, 800));
     assert!(block.verified_time.is_some());

@@ -11,7 +11,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{check_g3, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion, G3};
-use mirror_core::Phase;
+use mirror_core::{Phase, Reason};
 
 struct Pair {
     source: EtcdCluster,
@@ -271,7 +271,7 @@ async fn a_rebuilt_source_is_a_forced_resync_with_prune() {
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = synced(&agent).await;
     assert_eq!(status.forced_resyncs.count, 1, "{status:#?}");
-    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("ClusterChanged"), "{status:#?}");
+    assert_eq!(status.forced_resyncs.last_reason, Some(Reason::ClusterChanged), "{status:#?}");
     assert_eq!(count(&mut dst, "/rb/key-").await, 150, "keys the rebuilt source lacks must be pruned");
     let got = scenario::g3_of(&rebuilt, &pair.target, &cfg).await.unwrap();
     assert!(matches!(got, G3::Holds { keys: 150, .. }), "{got:?}");
@@ -357,7 +357,7 @@ async fn fence_overlap_rejects_stale_writer() {
     let rev = dst.get(cp.clone(), None).await.unwrap().kvs()[0].mod_revision();
     let third = AgentProcess::start(&cfg2.clone().epoch(3)).await.unwrap();
     let status = third.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
-    assert_eq!(status.last_error.unwrap().reason, "CorruptCheckpoint");
+    assert_eq!(status.last_error.unwrap().reason, Reason::CorruptCheckpoint);
     assert_eq!(dst.get(cp, None).await.unwrap().kvs()[0].mod_revision(), rev);
 }
 
@@ -390,7 +390,7 @@ async fn oversized_revision_fails_permanently_unapplied(#[case] value_bytes: usi
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.unwrap();
     assert_eq!(err.class, mirror_core::ErrorClass::Permanent);
-    assert_eq!(err.reason, "RevisionTooLarge");
+    assert_eq!(err.reason, Reason::RevisionTooLarge);
     assert!(err.message.contains(&format!("source revision {revision} (20 ops")), "{}", err.message);
     assert!(err.message.contains(cause), "the cause is named: {}", err.message);
     assert!(err.message.contains("/b/…"), "key must be shown redacted: {}", err.message);
@@ -558,7 +558,7 @@ async fn keys_under_a_newly_added_exclude_are_listed_in_status() {
 
     let agent = AgentProcess::start(&cfg.clone().with("exclude_prefixes = [\"skip/\"]")).await.unwrap();
     let status = synced(&agent).await;
-    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("RangeChanged"), "{status:#?}");
+    assert_eq!(status.forced_resyncs.last_reason, Some(Reason::RangeChanged), "{status:#?}");
     let listed = &status.excluded_keys_in_target;
     assert_eq!(listed.len(), 1, "{status:#?}");
     assert_eq!((listed[0].prefix.as_str(), listed[0].keys), ("skip/", 100));

@@ -5,7 +5,7 @@
 use etcd_client::GetOptions;
 use harness::scenario::{self, caught_up, synced, SYNC_TIMEOUT};
 use harness::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
-use mirror_core::Phase;
+use mirror_core::{Phase, Reason};
 
 /// Link B writes `/b/` into `/copy/nested/`; link A then mirrors `/a/` into `/copy/` with
 /// `overwrite_and_prune`. To A, B's keys look like orphans. A must stop with `PrefixConflict`
@@ -68,7 +68,7 @@ async fn reverse_link_is_refused_before_any_write() {
     let ba = AgentProcess::start(&ba_cfg).await.unwrap();
     let status = ba.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().expect("a last error");
-    assert_eq!(err.reason, "DirectionConflict", "{err:?}");
+    assert_eq!(err.reason, Reason::DirectionConflict, "{err:?}");
     assert!(err.message.contains("\"ab\""), "names the other link: {}", err.message);
     assert!(status.condition(mirror_core::ConditionType::DirectionConflict));
     assert_eq!(scenario::current_revision(&mut xc).await.unwrap(), before, "BA wrote nothing into X");
@@ -86,7 +86,7 @@ async fn endpoints_of_two_clusters_are_refused() {
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let status = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = status.last_error.clone().expect("a last error");
-    assert_eq!(err.reason, "MixedClusters", "{err:?}");
+    assert_eq!(err.reason, Reason::MixedClusters, "{err:?}");
     assert!(err.message.contains(&stray.endpoints()[0]), "names the odd endpoint: {}", err.message);
     let mut dst = target.client().await.unwrap();
     let written = dst.get("", Some(GetOptions::new().with_from_key().with_count_only())).await.unwrap();

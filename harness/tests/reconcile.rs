@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 use harness::scenario::{self, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentConfig, AgentProcess, EtcdCluster, G3};
-use mirror_core::Phase;
+use mirror_core::{Phase, Reason};
 
 async fn pair() -> (EtcdCluster, EtcdCluster) {
     scenario::pair().await.unwrap()
@@ -98,7 +98,7 @@ async fn compaction_while_down_forces_resync_with_prune() {
         .unwrap();
     let status = caught_up(&agent, &mut src).await;
     assert_eq!(status.forced_resyncs.count, 1, "{status:#?}");
-    assert_eq!(status.forced_resyncs.last_reason.as_deref(), Some("WatchCompacted"));
+    assert_eq!(status.forced_resyncs.last_reason, Some(Reason::WatchCompacted));
     let mut dst = target.client().await.unwrap();
     assert_eq!(count(&mut dst, "/p/key-000001").await, 0, "deleted keys must be pruned");
     assert_eq!(g3(&source, &target, &cfg).await, G3::Holds { watermark: status.watermark, keys: 950 });

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use mirror_core::{ConditionType, Phase, Status};
+use mirror_core::{ConditionType, Phase, Reason, Status};
 
 /// Recomputes `s`'s lag figures and the staleness rule at `now` (see [`Freshness`]). Called
 /// by the engine on every status change and by a once-a-second watchdog that does not
@@ -39,14 +39,15 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
             rule.max_lag.as_secs()
         );
         let reason = match (exceeded, paused) {
-            (true, _) => "LagOverMax",
-            (false, true) => "Paused",
-            (false, false) => "CaughtUp",
+            (true, _) => Reason::LagOverMax,
+            (false, true) => Reason::Paused,
+            (false, false) => Reason::CaughtUp,
         };
         s.set_condition(ConditionType::ReplicationLagExceeded, exceeded, reason, message);
     }
     if s.phase == Phase::Syncing {
-        let (ok, reason) = if exceeded { (false, "ReplicationLagExceeded") } else { (true, "Syncing") };
+        let (ok, reason) =
+            if exceeded { (false, Reason::ReplicationLagExceeded) } else { (true, Reason::Syncing) };
         if s.condition(ConditionType::Available) != ok {
             s.set_condition(ConditionType::Available, ok, reason, "");
         }
@@ -59,7 +60,7 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
             s.set_condition(
                 ConditionType::InvariantsHeld,
                 false,
-                "Stale",
+                Reason::Stale,
                 format!("the last reconcile pass is {:.0}s old", age.as_secs_f64()),
             );
         }
@@ -74,12 +75,12 @@ pub fn refresh(s: &mut Status, now: SystemTime, rule: &Freshness) {
         let said = s
             .conditions
             .iter()
-            .any(|c| c.type_ == ConditionType::InvariantsHeld && c.reason == "NeverReconciled");
+            .any(|c| c.type_ == ConditionType::InvariantsHeld && c.reason == Reason::NeverReconciled);
         if stale && !said {
             s.set_condition(
                 ConditionType::InvariantsHeld,
                 false,
-                "NeverReconciled",
+                Reason::NeverReconciled,
                 format!(
                     "no reconcile pass in the {:.0}s since the initial sync completed (reconcile.interval {}s)",
                     age.as_secs_f64(),
@@ -191,7 +192,7 @@ mod tests {
     fn a_wedged_loop_stops_looking_available() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut s = Status { phase: Phase::Syncing, watermark: 10, source_revision: 10, ..Status::default() };
-        s.set_condition(ConditionType::Available, true, "Syncing", "");
+        s.set_condition(ConditionType::Available, true, Reason::Syncing, "");
         s.progress_at = Some(t0);
         refresh(&mut s, t0, &rule());
         assert!(s.condition(ConditionType::Available) && !s.condition(ConditionType::ReplicationLagExceeded));
@@ -222,7 +223,7 @@ mod tests {
         assert!(s.conditions.is_empty(), "within twice the interval");
         refresh(&mut s, t0 + Duration::from_secs(7201), &rule());
         let held = s.conditions.iter().find(|c| c.type_ == ConditionType::InvariantsHeld).unwrap();
-        assert_eq!((held.status, held.reason.as_str()), (false, "NeverReconciled"));
+        assert_eq!((held.status, held.reason), (false, Reason::NeverReconciled));
         let off = Freshness { reconcile_stale_after: None, ..rule() };
         let mut quiet = Status { initial_sync: s.initial_sync.clone(), ..Status::default() };
         refresh(&mut quiet, t0 + Duration::from_secs(100_000), &off);
@@ -240,7 +241,7 @@ mod tests {
             }),
             ..Status::default()
         };
-        s.set_condition(ConditionType::InvariantsHeld, true, "CountsEqual", "");
+        s.set_condition(ConditionType::InvariantsHeld, true, Reason::CountsEqual, "");
         refresh(&mut s, t0 + Duration::from_secs(3600), &rule());
         assert!(s.condition(ConditionType::InvariantsHeld));
         refresh(&mut s, t0 + Duration::from_secs(7201), &rule());

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mirror_core::{ConditionType, Phase, Status, StatusHandle};
+use mirror_core::{ConditionType, Phase, Reason, Status, StatusHandle};
 use tracing::info;
 
 use crate::freshness::{refresh, Freshness};
@@ -57,7 +57,7 @@ impl Reporter {
 
     /// Moves to `phase` (logged once per change); `Available` follows it, and reaching
     /// `syncing` clears `last_error`: an error that no longer holds is not the last error.
-    pub fn set_phase(&self, phase: Phase, reason: &str) {
+    pub fn set_phase(&self, phase: Phase, reason: Reason) {
         let old = self.status.read().expect("status lock").phase;
         if old != phase {
             info!(from = old.as_str(), to = phase.as_str(), "phase");

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use mirror_core::{Phase, Status};
+use mirror_core::{Phase, Reason, Status};
 
 /// ANSI styles, or nothing.
 struct Paint(bool);
@@ -134,7 +134,7 @@ pub fn render(s: &Status, colour: bool) -> String {
             out,
             "forced resyncs {} (last: {})",
             s.forced_resyncs.count,
-            s.forced_resyncs.last_reason.as_deref().unwrap_or("?")
+            s.forced_resyncs.last_reason.map_or("?", Reason::as_str)
         );
     }
     match &s.last_error {
@@ -157,8 +157,11 @@ pub fn render(s: &Status, colour: bool) -> String {
         .iter()
         .filter(|c| c.type_.healthy_when().is_some_and(|healthy| c.status != healthy))
         .map(|c| {
-            let detail =
-                if c.message.is_empty() { c.reason.clone() } else { format!("{}: {}", c.reason, c.message) };
+            let detail = if c.message.is_empty() {
+                c.reason.to_string()
+            } else {
+                format!("{}: {}", c.reason, c.message)
+            };
             format!("  {}={} ({detail})", c.type_, c.status_name())
         })
         .collect();
@@ -176,14 +179,16 @@ pub fn render(s: &Status, colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mirror_core::{ConditionType, HaStatus, InitialSyncStatus, LastError, LastReconcile, SideStatus};
+    use mirror_core::{
+        AgentRole, ConditionType, HaStatus, InitialSyncStatus, LastError, LastReconcile, SideStatus,
+    };
 
     fn base(phase: Phase) -> Status {
         let mut s = Status {
             phase,
             link_uid: "orders-dr".into(),
             epoch: 3,
-            role: "mirror".into(),
+            role: AgentRole::Mirror,
             agent_id: "mirror-0/1".into(),
             source: SideStatus {
                 version: "3.5.1".into(),
@@ -213,10 +218,10 @@ mod tests {
             ..Default::default()
         };
         for c in [ConditionType::Available, ConditionType::SourceReachable, ConditionType::TargetReachable] {
-            s.set_condition(c, true, "Ok", "");
+            s.set_condition(c, true, Reason::Probe, "");
         }
-        s.set_condition(ConditionType::InitialSyncComplete, true, "Complete", "");
-        s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
+        s.set_condition(ConditionType::InitialSyncComplete, true, Reason::Complete, "");
+        s.set_condition(ConditionType::Fenced, false, Reason::HoldingFence, "");
         s
     }
 
@@ -230,8 +235,13 @@ mod tests {
     #[test]
     fn standby() {
         let mut s = base(Phase::Standby);
-        s.role = "standby".into();
-        s.set_condition(ConditionType::Fenced, true, "AwaitingElection", "another agent of this link leads");
+        s.role = AgentRole::Standby;
+        s.set_condition(
+            ConditionType::Fenced,
+            true,
+            Reason::AwaitingElection,
+            "another agent of this link leads",
+        );
         s.ha = Some(HaStatus {
             leader: false,
             leader_agent_id: Some("mirror-1/1".into()),
@@ -246,16 +256,16 @@ mod tests {
     fn failed() {
         let mut s = base(Phase::Failed);
         s.initial_sync = InitialSyncStatus::default();
-        s.set_condition(ConditionType::InitialSyncComplete, false, "NotStarted", "");
+        s.set_condition(ConditionType::InitialSyncComplete, false, Reason::Connecting, "");
         s.set_condition(
             ConditionType::EmptyTargetViolation,
             true,
-            "EmptyTargetViolation",
+            Reason::EmptyTargetViolation,
             "5 keys in the target",
         );
         s.last_error = Some(LastError {
             class: mirror_core::ErrorClass::Permanent,
-            reason: "EmptyTargetViolation".into(),
+            reason: Reason::EmptyTargetViolation,
             message: "initial_sync.mode = require_empty but the target range holds 5 keys".into(),
             fix: None,
         });
@@ -272,9 +282,14 @@ mod tests {
         s.lag_revisions = 104_511;
         s.lag_seconds = 95.0;
         s.target.unreachable_endpoints = vec!["https://etcd-b-2.etcd-b:2379".into()];
-        s.set_condition(ConditionType::InitialSyncComplete, false, "Scanning", "");
-        s.set_condition(ConditionType::TargetQuotaExhausted, true, "NoSpace", "database space exceeded");
-        s.set_condition(ConditionType::MemberUnreachable, true, "MemberUnreachable", "1 of 3 target members");
+        s.set_condition(ConditionType::InitialSyncComplete, false, Reason::Scanning, "");
+        s.set_condition(
+            ConditionType::TargetQuotaExhausted,
+            true,
+            Reason::NoSpace,
+            "database space exceeded",
+        );
+        s.set_condition(ConditionType::MemberUnreachable, true, Reason::ProbeFailed, "1 of 3 target members");
         insta::assert_snapshot!(render(&s, false));
     }
 

@@ -12,8 +12,8 @@ pub struct Condition {
     /// Whether it holds (`"True"` / `"False"`).
     #[serde(with = "true_false")]
     pub status: bool,
-    /// CamelCase reason.
-    pub reason: String,
+    /// Why it holds or not; named on the wire.
+    pub reason: crate::Reason,
     /// Human-readable detail.
     pub message: String,
     /// When `status` last changed (RFC 3339).
@@ -59,7 +59,7 @@ pub(crate) fn known_conditions<'de, D: serde::Deserializer<'de>>(d: D) -> Result
         type_: String,
         #[serde(with = "true_false")]
         status: bool,
-        reason: String,
+        reason: crate::Reason,
         message: String,
         since: String,
     }

@@ -120,7 +120,7 @@ fn every_status_field_and_condition_is_listed() {
         cutover: Some(CutoverStatus::default()),
         last_error: Some(LastError {
             class: ErrorClass::Transient,
-            reason: String::new(),
+            reason: crate::Reason::Unknown,
             message: String::new(),
             fix: Some(String::new()),
         }),
@@ -142,6 +142,21 @@ fn every_status_field_and_condition_is_listed() {
     let listed: BTreeSet<String> =
         rows(section("Conditions")).into_iter().flat_map(|(names, _)| names).collect();
     assert_eq!(listed, conditions, "conditions in docs/configuration.md");
+}
+
+/// The reasons section lists every reason the agent can give, once, with who gives it and what
+/// it means as the code says (`Reason::group`, `Reason::meaning`), and nothing else.
+#[test]
+fn every_reason_is_listed_with_its_meaning() {
+    let listed: Vec<(String, String, String)> = rows(section("Reasons"))
+        .into_iter()
+        .map(|(names, cells)| (names.concat(), cells[1].clone(), cells[2].clone()))
+        .collect();
+    let code: Vec<(String, String, String)> = crate::Reason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_owned(), r.group().to_owned(), r.meaning().to_owned()))
+        .collect();
+    assert_eq!(listed, code, "reasons in docs/configuration.md (in declaration order)");
 }
 
 /// The example sets every field but the refused `password`, and is a valid config.

@@ -37,6 +37,7 @@ pub mod failpoint;
 mod keys;
 mod op;
 mod pager;
+mod reason;
 mod reload;
 mod shell;
 mod side;
@@ -66,11 +67,12 @@ pub use keys::{
 };
 pub use op::{Op, OpChunker};
 pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
+pub use reason::Reason;
 pub use reload::{changed_fields, sort_changes, Applies};
 pub use shell::{delete_commands, shell_quote};
 pub use status::{
-    now_rfc3339, process_memory, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus, InitialSyncStatus,
-    LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status, StatusHandle,
+    now_rfc3339, process_memory, AgentRole, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus,
+    InitialSyncStatus, LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status, StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::condition::{Condition, ConditionType};
 use crate::error::ErrorClass;
+use crate::reason::Reason;
 
 /// Where the agent is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +57,50 @@ impl Phase {
             Phase::Failed => "failed",
             Phase::Paused => "paused",
         }
+    }
+
+    /// The reason `Available` carries while the agent is in this phase.
+    pub fn reason(self) -> Reason {
+        match self {
+            Phase::Connecting => Reason::Connecting,
+            Phase::InitialSync => Reason::InitialSync,
+            Phase::Syncing => Reason::Syncing,
+            Phase::Degraded => Reason::Degraded,
+            Phase::Standby => Reason::Standby,
+            Phase::Drained => Reason::Drained,
+            Phase::Failed => Reason::Failed,
+            Phase::Paused => Reason::Paused,
+        }
+    }
+}
+
+/// What this agent is to its link, as `/statusz` names it (`role`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentRole {
+    /// Mirrors the source into the target (or would, once connected).
+    #[default]
+    Mirror,
+    /// Under HA, waits for the election while another agent of the link leads.
+    Standby,
+    /// The target is cut over: it is the primary, and this agent writes nothing.
+    Primary,
+}
+
+impl AgentRole {
+    /// The name in `/statusz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentRole::Mirror => "mirror",
+            AgentRole::Standby => "standby",
+            AgentRole::Primary => "primary",
+        }
+    }
+}
+
+impl std::fmt::Display for AgentRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -109,9 +154,9 @@ pub struct ForcedResyncs {
     /// How many.
     pub count: u64,
     /// How many per reason.
-    pub by_reason: BTreeMap<String, u64>,
+    pub by_reason: BTreeMap<Reason, u64>,
     /// The most recent reason.
-    pub last_reason: Option<String>,
+    pub last_reason: Option<Reason>,
 }
 
 /// Keys the target holds under one excluded prefix.
@@ -179,8 +224,8 @@ pub struct CutoverStatus {
 pub struct LastError {
     /// `resync`, `quota`, `throttle`, `permanent`, `transient`.
     pub class: ErrorClass,
-    /// A CamelCase reason, e.g. `TooManyOps`.
-    pub reason: String,
+    /// Why, e.g. `TooManyOps`.
+    pub reason: Reason,
     /// Human-readable, keys redacted.
     pub message: String,
     /// The shell command that clears the way, where there is one (the `etcdctl` commands of an
@@ -201,8 +246,8 @@ pub struct Status {
     pub link_uid: String,
     /// This agent's epoch.
     pub epoch: u64,
-    /// `mirror` or `primary`.
-    pub role: String,
+    /// What this agent is to the link: `mirror`, `standby` or `primary`.
+    pub role: AgentRole,
     /// This agent's id.
     pub agent_id: String,
     /// The source cluster.
@@ -311,7 +356,7 @@ impl Status {
         &mut self,
         type_: ConditionType,
         on: bool,
-        reason: &str,
+        reason: Reason,
         message: impl Into<String>,
     ) {
         let message = message.into();
@@ -321,16 +366,12 @@ impl Status {
                     c.since = now_rfc3339();
                 }
                 c.status = on;
-                c.reason = reason.into();
+                c.reason = reason;
                 c.message = message;
             }
-            None => self.conditions.push(Condition {
-                type_,
-                status: on,
-                reason: reason.into(),
-                message,
-                since: now_rfc3339(),
-            }),
+            None => {
+                self.conditions.push(Condition { type_, status: on, reason, message, since: now_rfc3339() })
+            }
         }
     }
 
@@ -353,12 +394,12 @@ mod tests {
     #[test]
     fn condition_since_moves_only_on_flip() {
         let mut s = Status::default();
-        s.set_condition(ConditionType::Available, true, "Syncing", "");
+        s.set_condition(ConditionType::Available, true, Reason::Syncing, "");
         let since = s.conditions[0].since.clone();
-        s.set_condition(ConditionType::Available, true, "Syncing", "still");
+        s.set_condition(ConditionType::Available, true, Reason::Syncing, "still");
         assert_eq!(s.conditions[0].since, since);
         assert!(s.condition(ConditionType::Available));
-        s.set_condition(ConditionType::Available, false, "Fenced", "");
+        s.set_condition(ConditionType::Available, false, Reason::FencedByNewerEpoch, "");
         assert!(!s.condition(ConditionType::Available));
     }
 
@@ -367,10 +408,10 @@ mod tests {
     #[test]
     fn conditions_are_typed_in_code_and_named_on_the_wire() {
         let mut s = Status::default();
-        s.set_condition(ConditionType::TargetReachable, false, "Probe", "down");
+        s.set_condition(ConditionType::TargetReachable, false, Reason::Unavailable, "down");
         s.last_error = Some(LastError {
             class: ErrorClass::Throttle,
-            reason: "TooManyRequests".into(),
+            reason: Reason::TooManyRequests,
             message: String::new(),
             fix: None,
         });

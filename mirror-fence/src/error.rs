@@ -1,6 +1,6 @@
 //! Why a fenced write did not happen, and how the engine handles each answer.
 
-use mirror_core::{ErrorClass, EtcdError};
+use mirror_core::{ErrorClass, EtcdError, Reason};
 
 use crate::checkpoint::DecodeError;
 
@@ -92,30 +92,30 @@ impl FenceError {
 
     /// For outcomes that mean "another writer legitimately holds the fence": the `Fenced`
     /// condition's reason. The agent goes to cold standby instead of failing.
-    pub fn standby_reason(&self) -> Option<&'static str> {
+    pub fn standby_reason(&self) -> Option<Reason> {
         match self {
-            FenceError::FencedByNewerEpoch { .. } => Some("FencedByNewerEpoch"),
-            FenceError::EpochRegressed { .. } => Some("EpochRegressed"),
-            FenceError::CutOver => Some("TargetPromoted"),
+            FenceError::FencedByNewerEpoch { .. } => Some(Reason::FencedByNewerEpoch),
+            FenceError::EpochRegressed { .. } => Some(Reason::EpochRegressed),
+            FenceError::CutOver => Some(Reason::TargetPromoted),
             _ => None,
         }
     }
 
     /// CamelCase reason for status.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            FenceError::FencedByNewerEpoch { .. } => "FencedByNewerEpoch",
-            FenceError::EpochRegressed { .. } => "EpochRegressed",
-            FenceError::PrefixConflict { .. } => "PrefixConflict",
-            FenceError::CutOver => "TargetPromoted",
-            FenceError::FenceLost => "FenceLost",
-            FenceError::TargetWentBack { .. } => "TargetWentBack",
-            FenceError::Raced => "FenceRaced",
-            FenceError::GuardFailed => "GuardFailed",
-            FenceError::Corrupt(_) => "CorruptCheckpoint",
-            FenceError::InvalidRecord(_) => "InvalidCheckpointRecord",
-            FenceError::Etcd(_) => "EtcdError",
-            FenceError::TooManyOps(_) => "RevisionTooLarge",
+            FenceError::FencedByNewerEpoch { .. } => Reason::FencedByNewerEpoch,
+            FenceError::EpochRegressed { .. } => Reason::EpochRegressed,
+            FenceError::PrefixConflict { .. } => Reason::PrefixConflict,
+            FenceError::CutOver => Reason::TargetPromoted,
+            FenceError::FenceLost => Reason::FenceLost,
+            FenceError::TargetWentBack { .. } => Reason::TargetWentBack,
+            FenceError::Raced => Reason::FenceRaced,
+            FenceError::GuardFailed => Reason::GuardFailed,
+            FenceError::Corrupt(_) => Reason::CorruptCheckpoint,
+            FenceError::InvalidRecord(_) => Reason::InvalidCheckpointRecord,
+            FenceError::Etcd(_) => Reason::EtcdError,
+            FenceError::TooManyOps(_) => Reason::RevisionTooLarge,
         }
     }
 }

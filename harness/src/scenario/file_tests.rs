@@ -215,7 +215,7 @@ fn condition_with_reason() {
         Until::Condition(ConditionIs {
             type_: ConditionType::Fenced,
             on: true,
-            reason: Some("TargetPromoted".into())
+            reason: Some(mirror_core::Reason::TargetPromoted)
         })
     );
     assert_eq!(

@@ -1,7 +1,7 @@
 //! Committing batches of whole revisions through the fence, with retries by error class.
 
 use etcd_client::GetOptions;
-use mirror_core::{now_rfc3339, unary, ConditionType, EtcdError, Fault, Side};
+use mirror_core::{now_rfc3339, unary, ConditionType, EtcdError, Fault, Reason, Side};
 use mirror_fence::{Checkpoint, FenceError};
 use mirror_watch::{Batch, Op, Revision, RevisionBatcher};
 use tracing::{info, warn};
@@ -405,7 +405,7 @@ impl Engine {
             s.keys_applied_total += ops;
             s.last_progress_time = Some(now_rfc3339());
             if live && s.condition(ConditionType::ResyncLoopDetected) {
-                s.set_condition(ConditionType::ResyncLoopDetected, false, "LiveApply", "");
+                s.set_condition(ConditionType::ResyncLoopDetected, false, Reason::LiveApply, "");
             }
         });
     }

@@ -11,17 +11,17 @@ macro_rules! causes {
         }
 
         impl $name {
-            /// The reason as status and logs show it.
-            pub fn as_str(self) -> &'static str {
+            /// The reason status, metrics and logs give: the variant of the same name.
+            pub fn reason(self) -> mirror_core::Reason {
                 match self {
-                    $($name::$v => stringify!($v),)*
+                    $($name::$v => mirror_core::Reason::$v,)*
                 }
             }
         }
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
+                f.write_str(self.reason().as_str())
             }
         }
     };

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mirror_core::{ConditionType, ErrorClass, EtcdError, Fault, LastError, Phase, RetryPolicy};
+use mirror_core::{ConditionType, ErrorClass, EtcdError, Fault, LastError, Phase, Reason, RetryPolicy};
 use mirror_fence::{Checkpoint, FenceError};
 use mirror_watch::Op;
 use tokio::time::Instant;
@@ -127,7 +127,7 @@ impl Engine {
         self.update(|s| {
             s.last_error = Some(LastError {
                 class,
-                reason: format!("{:?}", err.fault),
+                reason: err.fault.into(),
                 message: format!("{err}; retrying the write in {delay:?}"),
                 fix: None,
             })
@@ -139,17 +139,15 @@ impl Engine {
             None => return,
             Some(WriteTrouble::QuotaExhausted) => {
                 error!("target out of space; holding writes and probing");
-                (ConditionType::TargetQuotaExhausted, true, "NoSpace".to_owned())
+                (ConditionType::TargetQuotaExhausted, true, Reason::NoSpace)
             }
-            Some(WriteTrouble::Throttled) => {
-                (ConditionType::TargetThrottled, true, "TooManyRequests".to_owned())
-            }
+            Some(WriteTrouble::Throttled) => (ConditionType::TargetThrottled, true, Reason::TooManyRequests),
             Some(WriteTrouble::Unreachable) => {
                 warn!("target unavailable for 3 rounds: {err}");
-                (ConditionType::TargetReachable, false, format!("{:?}", err.fault))
+                (ConditionType::TargetReachable, false, err.fault.into())
             }
         };
-        self.update(|s| s.set_condition(condition, status, &reason, err.to_string()));
+        self.update(|s| s.set_condition(condition, status, reason, err.to_string()));
     }
 
     /// Status once a write landed after failed tries: what they raised clears, and the phase
@@ -157,9 +155,9 @@ impl Engine {
     pub(super) fn note_write_recovered(&self, scanning: bool) {
         info!("target accepts writes again");
         self.update(|s| {
-            s.set_condition(ConditionType::TargetThrottled, false, "Recovered", "");
-            s.set_condition(ConditionType::TargetQuotaExhausted, false, "Recovered", "");
-            s.set_condition(ConditionType::TargetReachable, true, "Recovered", "");
+            s.set_condition(ConditionType::TargetThrottled, false, Reason::Recovered, "");
+            s.set_condition(ConditionType::TargetQuotaExhausted, false, Reason::Recovered, "");
+            s.set_condition(ConditionType::TargetReachable, true, Reason::Recovered, "");
         });
         self.set_phase(if scanning { Phase::InitialSync } else { Phase::Syncing });
     }
@@ -167,7 +165,9 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use mirror_core::{ConditionType, Config, ErrorClass, EtcdError, Phase, RetryPolicy, Side, StatusHandle};
+    use mirror_core::{
+        ConditionType, Config, ErrorClass, EtcdError, Phase, Reason, RetryPolicy, Side, StatusHandle,
+    };
     use tokio_util::sync::CancellationToken;
 
     use super::super::decide::{on_write_error, OnWriteError};
@@ -199,12 +199,15 @@ mod tests {
         };
         let (condition, last_error) = throttled();
         let (raised, reason, message) = condition.expect("TargetThrottled is set");
-        assert!(raised && reason == "TooManyRequests" && message.contains("too many requests"), "{message}");
+        assert!(
+            raised && reason == Reason::TooManyRequests && message.contains("too many requests"),
+            "{message}"
+        );
         assert_eq!(last_error.map(|e| e.class), Some(ErrorClass::Throttle));
 
         engine.note_write_recovered(false);
         let (condition, _) = throttled();
-        assert_eq!(condition.map(|(raised, reason, _)| (raised, reason)), Some((false, "Recovered".into())));
+        assert_eq!(condition.map(|(raised, reason, _)| (raised, reason)), Some((false, Reason::Recovered)));
         assert_eq!(status.read().unwrap().phase, Phase::Syncing);
     }
 }

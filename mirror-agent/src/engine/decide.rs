@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use mirror_core::{Action, ConditionType, ErrorClass, RetryPolicy};
+use mirror_core::{Action, ConditionType, ErrorClass, Reason, RetryPolicy};
 use mirror_fence::FenceError;
 use tokio::time::Instant;
 
@@ -28,13 +28,13 @@ pub(super) enum Decision {
     Reconnect { fragments: bool },
     /// Another writer legitimately holds the fence: cold standby (under HA, the term ends),
     /// with the `Fenced` condition's reason.
-    StandBy(&'static str),
+    StandBy(Reason),
     /// A fresh genesis after the policy's wait: a restart of it (`forced` false: nothing lost)
     /// or a forced resync with prune (history is gone).
-    FreshGenesis { reason: &'static str, forced: bool },
+    FreshGenesis { reason: Reason, forced: bool },
     /// No further writes: phase `failed`, raising `condition` (type, reason) when the error has
     /// one.
-    Fail { condition: Option<(ConditionType, &'static str)> },
+    Fail { condition: Option<(ConditionType, Reason)> },
     /// Back off by the policy and resume from the checkpoint.
     Retry,
 }
@@ -46,18 +46,18 @@ pub(super) fn on_run_error(err: &EngineError) -> Decision {
             Decision::Reconnect { fragments: *why == ReconnectCause::WatchResponseTooLarge }
         }
         EngineError::Fence(f) if f.standby_reason().is_some() => {
-            Decision::StandBy(f.standby_reason().unwrap_or("Fenced"))
+            Decision::StandBy(f.standby_reason().unwrap_or(Reason::FencedByNewerEpoch))
         }
-        EngineError::RestartGenesis(r) => Decision::FreshGenesis { reason: r.as_str(), forced: false },
-        EngineError::Resync(r) => Decision::FreshGenesis { reason: r.as_str(), forced: true },
+        EngineError::RestartGenesis(r) => Decision::FreshGenesis { reason: r.reason(), forced: false },
+        EngineError::Resync(r) => Decision::FreshGenesis { reason: r.reason(), forced: true },
         EngineError::Etcd(e) if e.class() == ErrorClass::Resync => {
-            Decision::FreshGenesis { reason: "SourceCompacted", forced: true }
+            Decision::FreshGenesis { reason: Reason::SourceCompacted, forced: true }
         }
         err if err.class() == ErrorClass::Permanent => {
             let condition = match err {
                 EngineError::Refused(refusal) => refusal.condition(),
                 EngineError::Fence(FenceError::PrefixConflict { .. }) => {
-                    Some((ConditionType::PrefixConflict, "PrefixConflict"))
+                    Some((ConditionType::PrefixConflict, Reason::PrefixConflict))
                 }
                 _ => None,
             };
@@ -225,7 +225,7 @@ impl ReconcileClock {
 mod tests {
     use std::time::Duration;
 
-    use mirror_core::{ConditionType, ErrorClass, EtcdError, RetryPolicy, Side};
+    use mirror_core::{ConditionType, ErrorClass, EtcdError, Reason, RetryPolicy, Side};
     use mirror_fence::FenceError;
     use tokio::time::Instant;
 
@@ -255,24 +255,24 @@ mod tests {
             ),
             (
                 EngineError::Fence(FenceError::FencedByNewerEpoch { stored: 3, ours: 2 }),
-                Decision::StandBy("FencedByNewerEpoch"),
+                Decision::StandBy(Reason::FencedByNewerEpoch),
             ),
             (
                 EngineError::Fence(FenceError::EpochRegressed { stored: 2, ours: 2, agent: "b".into() }),
-                Decision::StandBy("EpochRegressed"),
+                Decision::StandBy(Reason::EpochRegressed),
             ),
-            (EngineError::Fence(FenceError::CutOver), Decision::StandBy("TargetPromoted")),
+            (EngineError::Fence(FenceError::CutOver), Decision::StandBy(Reason::TargetPromoted)),
             (
                 EngineError::RestartGenesis(Restart::WatchBufferOverflow),
-                Decision::FreshGenesis { reason: "WatchBufferOverflow", forced: false },
+                Decision::FreshGenesis { reason: Reason::WatchBufferOverflow, forced: false },
             ),
             (
                 EngineError::Resync(ResyncCause::WatchCompacted),
-                Decision::FreshGenesis { reason: "WatchCompacted", forced: true },
+                Decision::FreshGenesis { reason: Reason::WatchCompacted, forced: true },
             ),
             (
                 etcd(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
-                Decision::FreshGenesis { reason: "SourceCompacted", forced: true },
+                Decision::FreshGenesis { reason: Reason::SourceCompacted, forced: true },
             ),
             (etcd(Code::Unavailable, "etcdserver: no leader"), Decision::Retry),
             (etcd(Code::ResourceExhausted, "etcdserver: too many requests"), Decision::Retry),
@@ -284,11 +284,11 @@ mod tests {
             ),
             (
                 EngineError::Refused(Refusal::SourceWentBack { watermark: 9, source_revision: 5 }),
-                Decision::Fail { condition: Some((ConditionType::SourceWentBack, "BelowWatermark")) },
+                Decision::Fail { condition: Some((ConditionType::SourceWentBack, Reason::BelowWatermark)) },
             ),
             (
                 EngineError::Fence(FenceError::PrefixConflict { stored: "x".into(), ours: "y".into() }),
-                Decision::Fail { condition: Some((ConditionType::PrefixConflict, "PrefixConflict")) },
+                Decision::Fail { condition: Some((ConditionType::PrefixConflict, Reason::PrefixConflict)) },
             ),
             (EngineError::Fence(FenceError::FenceLost), Decision::Fail { condition: None }),
         ];

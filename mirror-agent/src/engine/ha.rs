@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use mirror_core::HaStatus;
-use mirror_core::{connect, Action, ConditionType, ErrorClass, EtcdError, Phase, RetryPolicy, Side};
+use mirror_core::{
+    connect, Action, AgentRole, ConditionType, ErrorClass, EtcdError, Phase, Reason, RetryPolicy, Side,
+};
 use mirror_fence::election::{self, Leadership};
 use tracing::{error, info, warn};
 
@@ -32,12 +34,12 @@ impl Engine {
         let name = election::election_name(&self.rewriter.reserved_prefix());
         let mut wait = RetryPolicy::new(&self.cfg.sync);
         let mut standby_reason =
-            ("AwaitingElection", "another agent of this link leads, or the election is open");
+            (Reason::AwaitingElection, "another agent of this link leads, or the election is open");
         self.update(|s| s.ha = Some(HaStatus::default()));
         loop {
             self.set_phase(Phase::Standby);
             self.update(|s| {
-                s.role = "standby".into();
+                s.role = AgentRole::Standby;
                 s.set_condition(ConditionType::Fenced, true, standby_reason.0, standby_reason.1);
                 if let Some(ha) = s.ha.as_mut() {
                     ha.leader = false;
@@ -69,7 +71,7 @@ impl Engine {
                 info!(holder, "elected, but a cutover of this link is running; resigning until it ends");
                 leadership.resign(self.cfg.sync.request_timeout.get()).await;
                 standby_reason =
-                    ("CutoverInProgress", "a cutover of this link holds the fence while it drains");
+                    (Reason::CutoverInProgress, "a cutover of this link holds the fence while it drains");
                 self.update(|s| {
                     s.set_condition(ConditionType::Fenced, true, standby_reason.0, standby_reason.1)
                 });
@@ -86,8 +88,8 @@ impl Engine {
             let (agent_id, lease_id) = (self.agent_id.clone(), leadership.lease_id);
             self.update(|s| {
                 s.epoch = epoch as u64;
-                s.role = "mirror".into();
-                s.set_condition(ConditionType::Fenced, false, "ElectedLeader", "");
+                s.role = AgentRole::Mirror;
+                s.set_condition(ConditionType::Fenced, false, Reason::ElectedLeader, "");
                 s.ha = Some(HaStatus {
                     leader: true,
                     leader_agent_id: Some(agent_id),
@@ -122,17 +124,18 @@ impl Engine {
                 }
                 None => {
                     error!(epoch, "HA lease lost: writes stopped; campaigning again");
-                    standby_reason = ("LostElection", "this agent's election lease expired or was revoked");
+                    standby_reason =
+                        (Reason::LostElection, "this agent's election lease expired or was revoked");
                 }
-                Some(LinkEnd::Fenced("TargetPromoted", message)) => {
+                Some(LinkEnd::Fenced(Reason::TargetPromoted, message)) => {
                     // Cut over: nobody may write any more; stay a standby, do not campaign.
                     leadership.resign(timeout).await;
                     error!("fenced: {message}; the target is promoted, standing by");
-                    self.standby("TargetPromoted", &message).await;
+                    self.standby(Reason::TargetPromoted, &message).await;
                     return;
                 }
                 Some(LinkEnd::Fenced(reason, message)) => {
-                    error!(reason, "fenced: {message}; resigning the HA election and campaigning again");
+                    error!(%reason, "fenced: {message}; resigning the HA election and campaigning again");
                     leadership.resign(timeout).await;
                     standby_reason = (reason, "another writer holds the fence");
                     let Action::RetryAfter(delay) = wait.on_error(ErrorClass::Transient) else { return };

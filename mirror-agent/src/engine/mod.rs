@@ -83,7 +83,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, KvClient};
-use mirror_core::{Config, ErrorClass, EtcdError, KeyRewriter, Phase, Probe, Status};
+use mirror_core::{AgentRole, Config, ErrorClass, EtcdError, KeyRewriter, Phase, Probe, Reason, Status};
 use mirror_fence::{Checkpoint, FenceError, FencedWriter, Role};
 use mirror_watch::{OpChunker, Watch};
 use tokio::time::Instant;
@@ -203,16 +203,16 @@ impl EngineError {
         }
     }
 
-    fn reason(&self) -> String {
+    fn reason(&self) -> Reason {
         match self {
-            EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => format!("{:?}", e.fault),
-            EngineError::Fence(f) => f.reason().to_owned(),
-            EngineError::Refused(r) => r.reason().to_owned(),
-            EngineError::RestartGenesis(r) => r.as_str().to_owned(),
-            EngineError::Resync(r) => r.as_str().to_owned(),
-            EngineError::Reconnect(r) => r.as_str().to_owned(),
-            EngineError::Paused => "Paused".to_owned(),
-            EngineError::Shutdown => "Shutdown".to_owned(),
+            EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => e.fault.into(),
+            EngineError::Fence(f) => f.reason(),
+            EngineError::Refused(r) => r.reason(),
+            EngineError::RestartGenesis(r) => r.reason(),
+            EngineError::Resync(r) => r.reason(),
+            EngineError::Reconnect(r) => r.reason(),
+            EngineError::Paused => Reason::Paused,
+            EngineError::Shutdown => Reason::Shutdown,
         }
     }
 }
@@ -300,7 +300,7 @@ impl Engine {
         reporter.update(|s| {
             s.link_uid = cfg.link_uid.clone();
             s.epoch = cfg.epoch as u64;
-            s.role = "mirror".into();
+            s.role = AgentRole::Mirror;
             s.agent_id = agent_id.clone();
         });
         Engine {
@@ -364,7 +364,7 @@ impl Engine {
     }
 
     fn set_phase(&self, phase: Phase) {
-        self.reporter.set_phase(phase, phase_reason(phase));
+        self.reporter.set_phase(phase, phase.reason());
     }
 }
 
@@ -484,19 +484,6 @@ impl Run<'_> {
 
     fn writer(&mut self) -> &mut FencedWriter {
         self.writer.as_mut().expect("fence claimed before any write")
-    }
-}
-
-fn phase_reason(phase: Phase) -> &'static str {
-    match phase {
-        Phase::Connecting => "Connecting",
-        Phase::InitialSync => "InitialSync",
-        Phase::Syncing => "Syncing",
-        Phase::Degraded => "Degraded",
-        Phase::Standby => "Standby",
-        Phase::Drained => "Drained",
-        Phase::Failed => "Failed",
-        Phase::Paused => "Paused",
     }
 }
 

@@ -1,7 +1,7 @@
 //! The start planner: from what the checkpoint says and what this run knows, what to do first.
 //! Pure (no I/O), so every branch is unit-tested; `start.rs` carries the plan out.
 
-use mirror_core::InitialSyncMode;
+use mirror_core::{InitialSyncMode, Reason};
 use mirror_fence::Checkpoint;
 
 use super::Pending;
@@ -48,7 +48,7 @@ pub enum StartPlan {
         /// A prune is owed at the end.
         prune: bool,
         /// Why, when it is a forced resync the operator should see (`RangeChanged`).
-        forced: Option<&'static str>,
+        forced: Option<Reason>,
     },
 }
 
@@ -79,14 +79,18 @@ pub fn plan_start(f: &StartFacts<'_>) -> StartPlan {
         return StartPlan::FreshGenesis {
             require_empty: f.mode == InitialSyncMode::RequireEmpty,
             prune: true,
-            forced: Some("ClusterChanged"),
+            forced: Some(Reason::ClusterChanged),
         };
     }
     if f.pending == Pending::FreshGenesis {
         return StartPlan::FreshGenesis { require_empty: false, prune: true, forced: None };
     }
     if !stored.range.is_empty() && stored.range != f.range {
-        return StartPlan::FreshGenesis { require_empty: false, prune: true, forced: Some("RangeChanged") };
+        return StartPlan::FreshGenesis {
+            require_empty: false,
+            prune: true,
+            forced: Some(Reason::RangeChanged),
+        };
     }
     if stored.scanning {
         StartPlan::ResumeScan
@@ -97,7 +101,7 @@ pub fn plan_start(f: &StartFacts<'_>) -> StartPlan {
 
 #[cfg(test)]
 mod tests {
-    use mirror_core::InitialSyncMode;
+    use mirror_core::{InitialSyncMode, Reason};
     use mirror_fence::{Checkpoint, Role};
 
     use super::super::Pending;
@@ -181,7 +185,11 @@ mod tests {
         moved.target_cluster_id = 9;
         assert_eq!(
             plan_start(&facts(Some(&moved), Pending::Resume)),
-            StartPlan::FreshGenesis { require_empty: true, prune: true, forced: Some("ClusterChanged") }
+            StartPlan::FreshGenesis {
+                require_empty: true,
+                prune: true,
+                forced: Some(Reason::ClusterChanged)
+            }
         );
         let mut restored = stored(false, "r1");
         restored.source_cluster_id = 7;
@@ -189,13 +197,17 @@ mod tests {
         overwrite.mode = InitialSyncMode::Overwrite;
         assert_eq!(
             plan_start(&overwrite),
-            StartPlan::FreshGenesis { require_empty: false, prune: true, forced: Some("ClusterChanged") },
+            StartPlan::FreshGenesis {
+                require_empty: false,
+                prune: true,
+                forced: Some(Reason::ClusterChanged)
+            },
             "a rebuilt source prunes in overwrite mode too"
         );
         let other_range = stored(false, "r0");
         assert_eq!(
             plan_start(&facts(Some(&other_range), Pending::Resume)),
-            StartPlan::FreshGenesis { require_empty: false, prune: true, forced: Some("RangeChanged") }
+            StartPlan::FreshGenesis { require_empty: false, prune: true, forced: Some(Reason::RangeChanged) }
         );
         let old_record = stored(false, "");
         assert_eq!(plan_start(&facts(Some(&old_record), Pending::Resume)), StartPlan::Tail { watermark: 42 });

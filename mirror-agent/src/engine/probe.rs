@@ -2,8 +2,8 @@
 //! a connected [`Run`] to the start planner.
 
 use mirror_core::{
-    connect_to, parse_version, probe_members, ConditionType, Config, EtcdError, Fault, Phase, Probe, Side,
-    SideStatus, Status,
+    connect_to, parse_version, probe_members, ConditionType, Config, EtcdError, Fault, Phase, Probe, Reason,
+    Side, SideStatus, Status,
 };
 
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ impl Engine {
     pub(super) fn refuse_tls_at_start(&self, e: EtcdError) -> EngineError {
         match e.fault {
             Fault::TlsConfig | Fault::TlsRejected if !self.ever_connected => Refusal::Tls {
-                reason: if e.fault == Fault::TlsConfig { "TlsConfig" } else { "TlsRejected" },
+                reason: e.fault.into(),
                 detail: format!("{} on {}: {}", e.op, e.side, e.source),
             }
             .into(),
@@ -82,7 +82,12 @@ impl Engine {
         self.update(|s| {
             s.source = SideStatus { tls_cert_expiry: expiry.0, ..source_info.clone() };
             s.target = SideStatus { tls_cert_expiry: expiry.1, ..target_info.clone() };
-            s.set_condition(ConditionType::LearnerEndpoint, learner, "Probe", "an endpoint is a learner");
+            s.set_condition(
+                ConditionType::LearnerEndpoint,
+                learner,
+                Reason::Probe,
+                "an endpoint is a learner",
+            );
         });
         if source_cluster == target_cluster {
             let (src, dst) = (self.rewriter.source_prefix(), self.rewriter.dest_prefix());
@@ -187,9 +192,9 @@ pub(super) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) 
     s.source.unreachable_endpoints = source.unreachable.iter().map(|(url, _)| url.clone()).collect();
     s.target.unreachable_endpoints = target.unreachable.iter().map(|(url, _)| url.clone()).collect();
     if down.is_empty() {
-        s.set_condition(ConditionType::MemberUnreachable, false, "AllMembersAnswer", "");
+        s.set_condition(ConditionType::MemberUnreachable, false, Reason::AllMembersAnswer, "");
     } else {
-        s.set_condition(ConditionType::MemberUnreachable, true, "ProbeFailed", down.join("; "));
+        s.set_condition(ConditionType::MemberUnreachable, true, Reason::ProbeFailed, down.join("; "));
     }
 }
 
@@ -237,8 +242,8 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
 /// credentials read `AuthFailed`, so the side at fault is obvious).
 pub(super) fn reachability<T>(s: &mut Status, condition: ConditionType, probe: &Result<T, EtcdError>) {
     match probe {
-        Ok(_) => s.set_condition(condition, true, "Probe", ""),
-        Err(e) => s.set_condition(condition, false, &format!("{:?}", e.fault), e.to_string()),
+        Ok(_) => s.set_condition(condition, true, Reason::Probe, ""),
+        Err(e) => s.set_condition(condition, false, e.fault.into(), e.to_string()),
     }
 }
 
@@ -282,7 +287,7 @@ mod tests {
             member("http://old:2379", "3.3.27", 7, false),
         ]);
         let r = refusal(side_status(Side::Target, &p));
-        assert_eq!(r.reason(), "VersionUnsupported");
+        assert_eq!(r.reason(), Reason::VersionUnsupported);
         let text = r.to_string();
         assert!(text.contains("http://old:2379") && text.contains("3.3.27"), "{text}");
     }
@@ -294,7 +299,7 @@ mod tests {
             member("http://x:2379", "3.5.30", 8, false),
         ]);
         let r = refusal(side_status(Side::Source, &p));
-        assert_eq!(r.reason(), "MixedClusters");
+        assert_eq!(r.reason(), Reason::MixedClusters);
         assert!(r.to_string().contains("http://x:2379"), "{r}");
     }
 

@@ -1,7 +1,7 @@
 //! Why the engine refuses to go on: the permanent rule breaks of SPEC §5, each carrying its
 //! facts. The status reason, the condition raised and the message all come from here.
 
-use mirror_core::{ConditionType, Side};
+use mirror_core::{ConditionType, Reason, Side};
 
 /// A rule of the product broken: writes stop, phase `failed`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -140,7 +140,7 @@ pub enum Refusal {
     #[error("{detail}")]
     Tls {
         /// `TlsConfig` or `TlsRejected`.
-        reason: &'static str,
+        reason: Reason,
         /// What failed, on which side.
         detail: String,
     },
@@ -192,21 +192,21 @@ pub enum Refusal {
 
 impl Refusal {
     /// The `last_error.reason`.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Refusal::EmptyTarget { .. } => "EmptyTargetViolation",
-            Refusal::RevisionTooLarge { .. } => "RevisionTooLarge",
-            Refusal::ValueTooLarge { .. } => "ValueTooLarge",
+            Refusal::EmptyTarget { .. } => Reason::EmptyTargetViolation,
+            Refusal::RevisionTooLarge { .. } => Reason::RevisionTooLarge,
+            Refusal::ValueTooLarge { .. } => Reason::ValueTooLarge,
             Refusal::NestedLink { .. } | Refusal::CheckpointTaken { .. } | Refusal::Overlap { .. } => {
-                "PrefixConflict"
+                Reason::PrefixConflict
             }
-            Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => "DirectionConflict",
-            Refusal::VersionUnsupported { .. } => "VersionUnsupported",
-            Refusal::MixedClusters { .. } => "MixedClusters",
-            Refusal::Tls { reason, .. } => reason,
-            Refusal::DrainVerificationFailed { .. } => "DrainVerificationFailed",
-            Refusal::SourceWentBack { .. } => "SourceWentBack",
-            Refusal::LeaseConflict { .. } => "LeaseConflict",
+            Refusal::SameClusterOverlap | Refusal::ReverseLink { .. } => Reason::DirectionConflict,
+            Refusal::VersionUnsupported { .. } => Reason::VersionUnsupported,
+            Refusal::MixedClusters { .. } => Reason::MixedClusters,
+            Refusal::Tls { reason, .. } => *reason,
+            Refusal::DrainVerificationFailed { .. } => Reason::DrainVerificationFailed,
+            Refusal::SourceWentBack { .. } => Reason::SourceWentBack,
+            Refusal::LeaseConflict { .. } => Reason::LeaseConflict,
         }
     }
 
@@ -222,18 +222,20 @@ impl Refusal {
     }
 
     /// The condition this refusal raises (with the refusal's message), if any, and its reason.
-    pub fn condition(&self) -> Option<(ConditionType, &'static str)> {
+    pub fn condition(&self) -> Option<(ConditionType, Reason)> {
         match self {
-            Refusal::EmptyTarget { .. } => Some((ConditionType::EmptyTargetViolation, "TargetNotEmpty")),
-            Refusal::NestedLink { .. } => Some((ConditionType::PrefixConflict, "NestedLink")),
-            Refusal::CheckpointTaken { .. } => Some((ConditionType::PrefixConflict, "CheckpointTaken")),
-            Refusal::Overlap { .. } => Some((ConditionType::PrefixConflict, "Overlap")),
-            Refusal::SameClusterOverlap => Some((ConditionType::DirectionConflict, "SameCluster")),
-            Refusal::ReverseLink { .. } => Some((ConditionType::DirectionConflict, "ReverseLink")),
-            Refusal::DrainVerificationFailed { .. } => {
-                Some((ConditionType::DrainVerificationFailed, "SidesDiffer"))
+            Refusal::EmptyTarget { .. } => {
+                Some((ConditionType::EmptyTargetViolation, Reason::TargetNotEmpty))
             }
-            Refusal::SourceWentBack { .. } => Some((ConditionType::SourceWentBack, "BelowWatermark")),
+            Refusal::NestedLink { .. } => Some((ConditionType::PrefixConflict, Reason::NestedLink)),
+            Refusal::CheckpointTaken { .. } => Some((ConditionType::PrefixConflict, Reason::CheckpointTaken)),
+            Refusal::Overlap { .. } => Some((ConditionType::PrefixConflict, Reason::Overlap)),
+            Refusal::SameClusterOverlap => Some((ConditionType::DirectionConflict, Reason::SameCluster)),
+            Refusal::ReverseLink { .. } => Some((ConditionType::DirectionConflict, Reason::ReverseLink)),
+            Refusal::DrainVerificationFailed { .. } => {
+                Some((ConditionType::DrainVerificationFailed, Reason::SidesDiffer))
+            }
+            Refusal::SourceWentBack { .. } => Some((ConditionType::SourceWentBack, Reason::BelowWatermark)),
             _ => None,
         }
     }
@@ -328,7 +330,7 @@ mod tests {
                 None,
                 false,
             ),
-            (Refusal::Tls { reason: "TlsRejected", detail: "d".into() }, "TlsRejected", None, false),
+            (Refusal::Tls { reason: Reason::TlsRejected, detail: "d".into() }, "TlsRejected", None, false),
             (
                 Refusal::SourceWentBack { watermark: 9, source_revision: 3 },
                 "SourceWentBack",
@@ -353,8 +355,10 @@ mod tests {
     #[test]
     fn each_refusal_maps_to_its_reason_condition_and_fix() {
         for (refusal, reason, condition, has_fix) in table() {
-            assert_eq!(refusal.reason(), reason, "{refusal:?}");
-            assert_eq!(refusal.condition(), condition, "{refusal:?}");
+            // The wire text the runbook and alerts match on.
+            assert_eq!(refusal.reason().as_str(), reason, "{refusal:?}");
+            let named = refusal.condition().map(|(type_, why)| (type_, why.as_str()));
+            assert_eq!(named, condition, "{refusal:?}");
             assert_eq!(refusal.fix().is_some(), has_fix, "{refusal:?}");
             // The fix is also in the message, so a reader of the log alone has it.
             if let Some(fix) = refusal.fix() {

@@ -1,6 +1,6 @@
 //! Diff-and-repair: the prune sweep, the periodic reconcile pass, and drain verification.
 
-use mirror_core::{now_rfc3339, ConditionType, ErrorClass, Fault, Phase, Side};
+use mirror_core::{now_rfc3339, AgentRole, ConditionType, ErrorClass, Fault, Phase, Reason, Side};
 use mirror_reconcile::Repairs;
 use mirror_watch::Op;
 use tokio::time::Instant;
@@ -166,7 +166,7 @@ impl Run<'_> {
         );
         self.watch = None;
         self.engine.update(|s| {
-            s.role = "primary".into();
+            s.role = AgentRole::Primary;
             s.source_keys = Some(counts.source_keys);
             s.target_keys = Some(counts.target_keys);
             s.lease_backed_keys = counts.leased_keys;
@@ -181,10 +181,10 @@ impl Run<'_> {
             s.set_condition(
                 ConditionType::CutoverReady,
                 true,
-                "Verified",
+                Reason::Verified,
                 format!("verified at source revision {drained}"),
             );
-            s.set_condition(ConditionType::InvariantsHeld, true, "CountsEqual", "");
+            s.set_condition(ConditionType::InvariantsHeld, true, Reason::CountsEqual, "");
         });
         self.engine.set_phase(Phase::Drained);
         Ok(())
@@ -280,7 +280,7 @@ impl Run<'_> {
             s.set_condition(
                 ConditionType::DriftDetected,
                 drift,
-                if drift { "Drift" } else { "NoDrift" },
+                if drift { Reason::Drift } else { Reason::NoDrift },
                 format!(
                     "missing {}, divergent {}, orphan {}, repaired {repaired}",
                     c.missing, c.divergent, c.orphan
@@ -289,7 +289,7 @@ impl Run<'_> {
             s.set_condition(
                 ConditionType::InvariantsHeld,
                 held,
-                if held { "CountsEqual" } else { "CountsDiffer" },
+                if held { Reason::CountsEqual } else { Reason::CountsDiffer },
                 format!(
                     "source {} keys, target {} keys at watermark {watermark}",
                     c.source_keys, c.target_keys

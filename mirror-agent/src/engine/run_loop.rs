@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use mirror_core::{connect, Action, ConditionType, Config, ErrorClass, LastError, Phase, RetryPolicy, Side};
+use mirror_core::{
+    connect, Action, ConditionType, Config, ErrorClass, LastError, Phase, Reason, RetryPolicy, Side,
+};
 use mirror_fence::{read_checkpoint, Observed, Role};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
@@ -31,7 +33,7 @@ pub(super) enum LinkEnd {
     /// Shutdown (or, under HA, the end of this agent's term).
     Stopped,
     /// Under HA: the fence moved to another writer; the reason of the `Fenced` condition.
-    Fenced(&'static str, String),
+    Fenced(Reason, String),
 }
 
 impl Engine {
@@ -115,9 +117,11 @@ impl Engine {
                     if self.cfg.ha.enabled {
                         return LinkEnd::Fenced(reason, err.to_string());
                     }
-                    error!(reason, "fenced: {err}; entering cold standby, no further writes");
+                    error!(%reason, "fenced: {err}; entering cold standby, no further writes");
                     if self.standby(reason, &err.to_string()).await {
-                        self.update(|s| s.set_condition(ConditionType::Fenced, false, "TakingOver", ""));
+                        self.update(|s| {
+                            s.set_condition(ConditionType::Fenced, false, Reason::TakingOver, "")
+                        });
                         continue;
                     }
                     return LinkEnd::Stopped;
@@ -187,23 +191,23 @@ impl Engine {
     /// (buffer overflow or compaction while scanning). Both count towards the loop detector:
     /// three in a row with no live apply between latch `ResyncLoopDetected`, which a live apply
     /// clears.
-    pub(super) fn note_resync(&mut self, reason: &str, forced: bool) {
+    pub(super) fn note_resync(&mut self, reason: Reason, forced: bool) {
         self.resyncs_in_a_row += 1;
         let looping = self.resyncs_in_a_row >= 3;
         if forced {
-            warn!(reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+            warn!(%reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
         } else {
-            warn!(reason, in_a_row = self.resyncs_in_a_row, "restarting genesis from a fresh R0");
+            warn!(%reason, in_a_row = self.resyncs_in_a_row, "restarting genesis from a fresh R0");
         }
         let mut latched_now = false;
         self.update(|s| {
             // In the same update as the count: nobody may see a resync counted while the
             // initial sync still reads complete (a full CI run caught a test doing just that).
-            s.set_condition(ConditionType::InitialSyncComplete, false, "Resyncing", reason);
+            s.set_condition(ConditionType::InitialSyncComplete, false, Reason::Resyncing, reason.as_str());
             if forced {
                 s.forced_resyncs.count += 1;
-                *s.forced_resyncs.by_reason.entry(reason.to_owned()).or_default() += 1;
-                s.forced_resyncs.last_reason = Some(reason.to_owned());
+                *s.forced_resyncs.by_reason.entry(reason).or_default() += 1;
+                s.forced_resyncs.last_reason = Some(reason);
             } else {
                 s.scan_restarts += 1;
             }
@@ -218,13 +222,13 @@ impl Engine {
             }
         });
         if latched_now {
-            error!(reason, "resync loop: the source changes or compacts faster than the agent can scan");
+            error!(%reason, "resync loop: the source changes or compacts faster than the agent can scan");
         }
     }
 
     /// Cold standby: no writes; watch the fence and report it until shutdown, or until a
     /// reloaded config raises our epoch above the stored one (then returns true: take over).
-    pub(super) async fn standby(&mut self, reason: &str, message: &str) -> bool {
+    pub(super) async fn standby(&mut self, reason: Reason, message: &str) -> bool {
         self.set_phase(Phase::Standby);
         self.update(|s| s.set_condition(ConditionType::Fenced, true, reason, message));
         // Keep the fence visible in status; log only on change.
@@ -339,7 +343,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use mirror_core::{ConditionType, Config, StatusHandle};
+    use mirror_core::{ConditionType, Config, Reason, StatusHandle};
     use tokio_util::sync::CancellationToken;
 
     use super::Engine;
@@ -361,16 +365,16 @@ mod tests {
         let latch = || {
             let s = status.read().unwrap();
             let c = s.conditions.iter().find(|c| c.type_ == ConditionType::ResyncLoopDetected);
-            c.filter(|c| c.status).map(|c| c.reason.clone())
+            c.filter(|c| c.status).map(|c| c.reason)
         };
-        engine.note_resync("Compacted", true);
-        engine.note_resync("WatchCompacted", true);
+        engine.note_resync(Reason::SourceCompacted, true);
+        engine.note_resync(Reason::WatchCompacted, true);
         assert_eq!(latch(), None, "two in a row are not a loop yet");
-        engine.note_resync("Compacted", true);
-        assert_eq!(latch().as_deref(), Some("Compacted"));
+        engine.note_resync(Reason::SourceCompacted, true);
+        assert_eq!(latch(), Some(Reason::SourceCompacted));
         for _ in 0..3 {
-            engine.note_resync("WatchCompacted", true);
-            assert_eq!(latch().as_deref(), Some("Compacted"), "still latched, first cause kept");
+            engine.note_resync(Reason::WatchCompacted, true);
+            assert_eq!(latch(), Some(Reason::SourceCompacted), "still latched, first cause kept");
         }
         let s = status.read().unwrap();
         assert_eq!(s.forced_resyncs.count, 6);
@@ -386,12 +390,12 @@ mod tests {
         let latched = || status.read().unwrap().condition(ConditionType::ResyncLoopDetected);
         let mut revision = 100;
         for round in 1..=3 {
-            engine.note_resync("WatchBufferOverflow", false);
+            engine.note_resync(Reason::WatchBufferOverflow, false);
             revision += 10;
             engine.note_applied(true, revision, 25);
             assert_eq!(latched(), round == 3, "after resync {round} and its replay");
         }
-        engine.note_resync("WatchBufferOverflow", false);
+        engine.note_resync(Reason::WatchBufferOverflow, false);
         engine.note_applied(true, revision + 10, 25);
         assert!(latched(), "a replay does not clear it");
         engine.note_applied(false, revision + 20, 0);
@@ -399,7 +403,7 @@ mod tests {
         engine.note_applied(false, revision + 21, 1);
         assert!(!latched(), "a live apply clears it");
         assert_eq!(status.read().unwrap().scan_restarts, 4);
-        engine.note_resync("WatchBufferOverflow", false);
+        engine.note_resync(Reason::WatchBufferOverflow, false);
         assert!(!latched(), "the count started over at the live apply");
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use mirror_core::{now_rfc3339, unary, ConditionType, KeyRange, Side};
+use mirror_core::{now_rfc3339, unary, ConditionType, KeyRange, Reason, Side};
 use mirror_fence::{read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed};
 use mirror_scan::count;
 use mirror_watch::{open_watch, Watch};
@@ -86,7 +86,7 @@ impl Run<'_> {
                 self.engine.update(|s| {
                     s.watermark = watermark;
                     s.initial_sync.completed.get_or_insert_with(now_rfc3339);
-                    s.set_condition(ConditionType::InitialSyncComplete, true, "Resumed", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, true, Reason::Resumed, "");
                 });
                 let watch = self.open_watch(watermark + 1).await?;
                 self.tail(watch, None).await
@@ -116,7 +116,7 @@ impl Run<'_> {
                     s.set_condition(
                         ConditionType::InitialSyncComplete,
                         true,
-                        "StartRevision",
+                        Reason::StartRevision,
                         format!("tailing from {start}, no scan"),
                     );
                 });
@@ -126,10 +126,10 @@ impl Run<'_> {
             (StartPlan::FreshGenesis { require_empty, prune, forced }, _) => {
                 if let Some(reason) = forced {
                     let why = match reason {
-                        "ClusterChanged" => "stored cluster ids differ from the connected clusters (a side was rebuilt or restored)",
+                        Reason::ClusterChanged => "stored cluster ids differ from the connected clusters (a side was rebuilt or restored)",
                         _ => "the mirrored range changed since the checkpoint was written",
                     };
-                    warn!(reason, require_empty, "{why}; forced resync with prune");
+                    warn!(%reason, require_empty, "{why}; forced resync with prune");
                     self.engine.note_resync(reason, true);
                 }
                 if require_empty {
@@ -147,7 +147,7 @@ impl Run<'_> {
                     s.initial_sync.started = Some(now_rfc3339());
                     s.initial_sync.completed = None;
                     s.watermark = r0;
-                    s.set_condition(ConditionType::InitialSyncComplete, false, "Scanning", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, false, Reason::Scanning, "");
                 });
                 self.genesis(r0, Vec::new(), prune).await
             }
@@ -267,7 +267,7 @@ impl Run<'_> {
         self.engine.update(|s| {
             s.watermark = watermark;
             s.confirmed_time = confirmed;
-            s.set_condition(ConditionType::Fenced, false, "HoldingFence", "");
+            s.set_condition(ConditionType::Fenced, false, Reason::HoldingFence, "");
         });
         self.writer = Some(writer);
         // Only the fence holder keeps leases: what the link holds is found now and kept alive

@@ -5,7 +5,8 @@ use std::time::Duration;
 use etcd_client::WatchResponse;
 use futures::FutureExt as _;
 use mirror_core::{
-    now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Side,
+    now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Reason,
+    Side,
 };
 use mirror_watch::{convert_events, prove_unchanged, Buffered, IdleProof, Revision, Watch};
 use tokio::time::Instant;
@@ -368,7 +369,7 @@ impl Run<'_> {
                     .unwrap_or_else(now_rfc3339);
                 self.engine.update(|s| {
                     s.initial_sync.completed = Some(completed);
-                    s.set_condition(ConditionType::InitialSyncComplete, true, "Complete", "");
+                    s.set_condition(ConditionType::InitialSyncComplete, true, Reason::Complete, "");
                 });
                 self.engine.set_phase(Phase::Syncing);
             }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::bail;
-use mirror_core::{ConditionType, Phase};
+use mirror_core::{ConditionType, Phase, Reason};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -71,6 +71,9 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
         return parse_condition(c).map(Until::Condition);
     }
     if let Some(r) = until.strip_prefix("last_error:") {
+        if !matches!(r, "none" | "any") {
+            known_reason(r)?;
+        }
         return Ok(Until::LastError(r.to_owned()));
     }
     if let Some(t) = until.strip_prefix("log:") {
@@ -96,7 +99,7 @@ pub struct ConditionIs {
     /// Its status.
     pub on: bool,
     /// Its reason, when it matters.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
 }
 
 impl TryFrom<String> for ConditionIs {
@@ -123,10 +126,19 @@ impl fmt::Display for ConditionIs {
     }
 }
 
+/// A reason the agent can give, by name: a misspelt one in a scenario file is an error at read,
+/// not a wait that never ends.
+pub fn known_reason(name: &str) -> anyhow::Result<Reason> {
+    match name.parse::<Reason>() {
+        Ok(Reason::Unknown) | Err(_) => bail!("{name:?} is no reason the agent gives (mirror_core::Reason)"),
+        Ok(reason) => Ok(reason),
+    }
+}
+
 /// Parses `"TYPE=True|False"`, optionally `/REASON`.
 pub fn parse_condition(c: &str) -> anyhow::Result<ConditionIs> {
     let (c, reason) = match c.split_once('/') {
-        Some((c, reason)) => (c, Some(reason.to_owned())),
+        Some((c, reason)) => (c, Some(known_reason(reason)?)),
         None => (c, None),
     };
     let (t, on) = match c.split_once('=') {

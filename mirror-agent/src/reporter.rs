@@ -33,6 +33,11 @@ impl Reporter {
         self
     }
 
+    /// The status this reports into, for a component that reports its own part of it.
+    pub fn handle(&self) -> StatusHandle {
+        self.status.clone()
+    }
+
     /// A reloaded config's staleness rule.
     pub fn set_freshness(&mut self, freshness: Freshness) {
         self.freshness = freshness;

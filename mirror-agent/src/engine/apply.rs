@@ -216,8 +216,8 @@ impl Run<'_> {
         next: Checkpoint,
         guards: Vec<etcd_client::Compare>,
     ) -> Result<bool, EngineError> {
-        self.ensure_leases(ops).await?;
-        let txn_ops = self.txn_ops(ops);
+        self.leases.ensure(ops).await?;
+        let txn_ops = self.leases.txn_ops(ops);
         match self.writer().commit_guarded(txn_ops, None, guards).await {
             Ok(_) => {}
             Err(FenceError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(false),

@@ -48,9 +48,9 @@ impl Run<'_> {
         // The throttle curve goes on from the last write: one Txn that got through a throttling
         // target does not send the next in after the shortest wait.
         let mut policy = RetryPolicy::new(&cfg).with_throttle_state(self.engine.throttle);
-        self.ensure_leases(ops).await?;
+        self.leases.ensure(ops).await?;
         loop {
-            let txn_ops = self.txn_ops(ops);
+            let txn_ops = self.leases.txn_ops(ops);
             let started = Instant::now();
             let result = self.writer().commit_guarded(txn_ops, Some(next.clone()), guards.clone()).await;
             let err = match result {
@@ -78,7 +78,7 @@ impl Run<'_> {
             };
             if err.fault == Fault::LeaseNotFound && self.cfg().sync.leases == mirror_core::LeaseMode::Preserve
             {
-                self.lease_lapsed(ops).await?;
+                self.engine.repair_owed |= self.leases.lapsed(ops).await?;
             }
             let class = err.class();
             let tls_changed =

@@ -160,6 +160,7 @@ impl Run<'_> {
                 // stop the scan, which resumes after its cursor.
                 _ = super::tail::reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
+                    self.leases.configure(&self.engine.cfg.sync);
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
@@ -181,10 +182,10 @@ impl Run<'_> {
                 // `stop_buffering`.
                 return Ok(());
             }
-            self.ensure_leases(&chunk.ops).await?;
+            self.leases.ensure(&chunk.ops).await?;
             self.pace(chunk.ops.len()).await?;
             if let Some(chunk) = span.push(chunk) {
-                let (txn, data) = (self.txn_ops(&chunk.ops), data.clone());
+                let (txn, data) = (self.leases.txn_ops(&chunk.ops), data.clone());
                 writes.in_flight.push(Box::pin(async move {
                     let landed = data.commit(txn).await;
                     (chunk, landed)

@@ -1,14 +1,14 @@
 //! Leases preserved on the target (`sync.leases = "preserve"`, SPEC §5 Leases, §11).
 //!
 //! For every source lease that holds a key of the range the target gets a lease with the same
-//! ID and granted TTL before the first Txn that writes one of its keys ([`Leases::ensure`]);
+//! ID and granted TTL before the first Txn that writes one of its keys ([`LeaseKeeper::ensure`]);
 //! those puts carry it. Lease IDs come only from the `lease` field of the keys the scan and the
 //! watch deliver, and each new lease's TTL from one `LeaseTimeToLive` without keys: the least
 //! privilege etcd allows. Since 3.5.28 / 3.4.42 `LeaseLeases` and keep-alives are refused to a
 //! user who may not read (write) every key attached, and a source lease may carry keys outside
 //! the prefix, so the agent never lists leases and never keeps a source lease alive.
 //!
-//! While the link holds the fence, [`Leases::tick`] looks at each lease this run keeps when it
+//! While the link holds the fence, [`LeaseKeeper::round`] looks at each lease this run keeps when it
 //! is due (every third of its TTL at least, and every `progress_interval`): one `TimeToLive`
 //! without keys on the source, and, while the source's lives, one keep-alive on the target, so
 //! the target's remaining TTL never falls more than that below the source's. A keep-alive is a
@@ -18,7 +18,7 @@
 //! the watermark has passed the revision at which it was seen gone: the expiry's deletes are
 //! applied in order first, so the revoke deletes nothing the source still held.
 //!
-//! What the link holds is rebuilt at every start ([`Leases::adopt`]), not remembered: from a
+//! What the link holds is rebuilt at every start ([`LeaseKeeper::claim`]), not remembered: from a
 //! keys-only read of the source range at the watermark (of the latest state when that is
 //! compacted) and of the target range, so a new process after any downtime finds a target lease
 //! that ran out meanwhile, grants it again and owes the reconcile pass that puts its keys back.
@@ -37,11 +37,14 @@ use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions};
 use futures::StreamExt as _;
-use mirror_core::{unary, EtcdError, Fault, KeyRange, Op, Pager, PagerOptions, Side};
+use mirror_core::{
+    unary, EtcdError, Fault, KeyRange, LeaseMode, Op, Pager, PagerOptions, Side, StatusHandle, SyncSection,
+};
+use mirror_fence::Checkpoint;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{EngineError, Refusal, Run};
+use super::{EngineError, Refusal};
 
 /// One target lease this link granted (or adopted).
 #[derive(Debug)]
@@ -50,9 +53,9 @@ struct Granted {
     kept: Instant,
 }
 
-/// The target leases of this run.
+/// The target leases of this run: the keeper's state.
 #[derive(Debug, Default)]
-pub(super) struct Leases {
+struct Leases {
     enabled: bool,
     granted: BTreeMap<i64, Granted>,
     /// Source leases found gone, with the source revision they were seen gone at.
@@ -79,17 +82,17 @@ enum Looked {
 
 impl Leases {
     /// `enabled`: `sync.leases = "preserve"`.
-    pub fn new(enabled: bool) -> Leases {
+    fn new(enabled: bool) -> Leases {
         Leases { enabled, ..Leases::default() }
     }
 
     /// Whether puts of source lease `id` carry it to the target.
-    pub fn attached(&self, id: i64) -> bool {
+    fn attached(&self, id: i64) -> bool {
         self.enabled && self.granted.contains_key(&id)
     }
 
     /// Leases this run keeps on the target.
-    pub fn preserved(&self) -> usize {
+    fn preserved(&self) -> usize {
         self.granted.len()
     }
 
@@ -100,7 +103,7 @@ impl Leases {
     /// the revision it was seen gone at. Returns the source leases that live and carry keys of
     /// the range but that the target does not hold: they ran out there meanwhile (or were never
     /// granted, after a switch from `strip`); the caller grants them and puts their keys back.
-    pub async fn adopt(
+    async fn adopt(
         &mut self,
         source: &Client,
         target: &Client,
@@ -150,7 +153,7 @@ impl Leases {
     /// Grants on the target every source lease `ops` put keys under that it does not hold yet.
     /// A source lease already gone is not granted: its keys go without it, and its expiry's
     /// deletes follow.
-    pub async fn ensure(
+    async fn ensure(
         &mut self,
         source: &Client,
         target: &Client,
@@ -162,7 +165,7 @@ impl Leases {
     }
 
     /// [`Leases::ensure`] for lease IDs.
-    pub async fn ensure_ids(
+    async fn ensure_ids(
         &mut self,
         source: &Client,
         target: &Client,
@@ -198,7 +201,7 @@ impl Leases {
     /// (the target cut off, or the agent stopped, for longer than its TTL). Forgets every lease
     /// of `ops` (the answer does not say which), so [`Leases::ensure`] grants them again, and
     /// returns their IDs.
-    pub fn lapsed(&mut self, ops: &[Op]) -> Vec<i64> {
+    fn lapsed(&mut self, ops: &[Op]) -> Vec<i64> {
         let named: HashSet<i64> = leases_of(ops).collect();
         self.granted.retain(|id, _| !named.contains(id));
         let mut named: Vec<i64> = named.into_iter().collect();
@@ -210,7 +213,7 @@ impl Leases {
     /// lives, marks the others gone, and revokes those the watermark has passed. Returns the
     /// leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
     /// again and puts their keys back.
-    pub async fn tick(
+    async fn tick(
         &mut self,
         source: &Client,
         target: &Client,
@@ -299,38 +302,73 @@ async fn look_at(
     }
 }
 
-impl Run<'_> {
+/// The lease keeper of one connected run: the target leases the link holds ([`Leases`]), the
+/// two clients it asks, and the `[sync]` settings it needs (handed over at construction and at
+/// every reload, [`LeaseKeeper::configure`]). The engine hands it the ops of each Txn before the
+/// Txn is sent and the watermark at each round; what it tells back is whether keys were lost on
+/// the target that a reconcile pass must put back. It reports `leases` of the status itself.
+pub(super) struct LeaseKeeper {
+    held: Leases,
+    source: Client,
+    target: Client,
+    sync: SyncSection,
+    status: StatusHandle,
+}
+
+impl LeaseKeeper {
+    /// A keeper holding nothing yet; it does anything only under `sync.leases = "preserve"`.
+    pub fn new(sync: &SyncSection, source: Client, target: Client, status: StatusHandle) -> LeaseKeeper {
+        let held = Leases::new(sync.leases == LeaseMode::Preserve);
+        LeaseKeeper { held, source, target, sync: sync.clone(), status }
+    }
+
+    /// A reload's `[sync]`: deadlines, the keep-alive spacing and page sizes apply from the
+    /// next call (the mode itself cannot change live).
+    pub fn configure(&mut self, sync: &SyncSection) {
+        self.sync = sync.clone();
+    }
+
+    fn timeout(&self) -> Duration {
+        self.sync.request_timeout.get()
+    }
+
     /// Grants the leases `ops` need on the target before they are written.
-    pub(super) async fn ensure_leases(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+    pub async fn ensure(&mut self, ops: &[Op]) -> Result<(), EngineError> {
         let timeout = self.timeout();
-        self.leases.ensure(&self.source, &self.target, ops, timeout).await?;
-        self.report_leases();
+        self.held.ensure(&self.source, &self.target, ops, timeout).await?;
+        self.report();
         Ok(())
     }
 
-    /// At the claim: what the link holds on the target ([`Leases::adopt`]); leases that ran out
-    /// there meanwhile are granted again and a reconcile pass is owed before the tail reports
-    /// caught up.
-    pub(super) async fn adopt_leases(&mut self) -> Result<(), EngineError> {
-        if self.cfg().sync.leases != mirror_core::LeaseMode::Preserve {
-            return Ok(());
+    /// At the claim of `record`: what the link holds on the target ([`Leases::adopt`]), from
+    /// keys-only reads of the source range where the target holds a copy (`windows`, cut at
+    /// the scan cursor) and of the whole destination range (`target_windows`). Leases that ran
+    /// out there meanwhile are granted again; true when so, and a reconcile pass is owed before
+    /// the tail reports caught up.
+    pub async fn claim(
+        &mut self,
+        record: &Checkpoint,
+        windows: &[KeyRange],
+        target_windows: Vec<KeyRange>,
+    ) -> Result<bool, EngineError> {
+        if self.sync.leases != LeaseMode::Preserve {
+            return Ok(false);
         }
-        let record = self.writer().record().clone();
         let watermark = record.watermark;
-        let copied =
-            copied_windows(&self.engine.rewriter.scan_windows(), record.scanning, &record.scan_cursor);
+        let copied = copied_windows(windows, record.scanning, &record.scan_cursor);
         let in_source = match self.leases_in(Side::Source, copied.clone(), watermark).await {
             Err(e) if e.fault == Fault::Compacted => self.leases_in(Side::Source, copied, 0).await?,
             found => found?,
         };
-        let in_target = self.leases_in(Side::Target, self.engine.rewriter.target_windows(), 0).await?;
+        let in_target = self.leases_in(Side::Target, target_windows, 0).await?;
         let timeout = self.timeout();
-        let lapsed = self.leases.adopt(&self.source, &self.target, &in_source, &in_target, timeout).await?;
-        if !lapsed.is_empty() {
-            self.lease_lapsed_ids(lapsed, "found at start").await?;
+        let lapsed = self.held.adopt(&self.source, &self.target, &in_source, &in_target, timeout).await?;
+        let owed = !lapsed.is_empty();
+        if owed {
+            self.regrant(lapsed, "found at start").await?;
         }
-        self.report_leases();
-        Ok(())
+        self.report();
+        Ok(owed)
     }
 
     /// The leases the keys of `windows` on `side` carry, read keys-only (at `revision`; 0 for
@@ -341,7 +379,7 @@ impl Run<'_> {
         windows: Vec<KeyRange>,
         revision: i64,
     ) -> Result<BTreeSet<i64>, EtcdError> {
-        let sync = &self.cfg().sync;
+        let sync = &self.sync;
         let opts =
             PagerOptions::new("lease scan", sync.page_key_limit, sync.page_bytes.0 as usize, self.timeout())
                 .at_revision(revision)
@@ -356,56 +394,57 @@ impl Run<'_> {
     }
 
     /// A write met `requested lease not found`: a target lease of `ops` ran out. Grants them
-    /// again (the retry then lands, its keys under the same IDs) and owes a reconcile pass: the
-    /// expiry deleted every target key under the lease, and this write puts back only its own.
-    pub(super) async fn lease_lapsed(&mut self, ops: &[Op]) -> Result<(), EngineError> {
-        let lapsed = self.leases.lapsed(ops);
-        self.lease_lapsed_ids(lapsed, "a write met 'requested lease not found'").await
+    /// again (the retry then lands, its keys under the same IDs); a reconcile pass is owed (the
+    /// returned true): the expiry deleted every target key under the lease, and this write puts
+    /// back only its own.
+    pub async fn lapsed(&mut self, ops: &[Op]) -> Result<bool, EngineError> {
+        let lapsed = self.held.lapsed(ops);
+        self.regrant(lapsed, "a write met 'requested lease not found'").await?;
+        Ok(true)
     }
 
-    /// Target leases `lapsed` ran out (`how` it was seen): grant them again and owe a pass.
-    async fn lease_lapsed_ids(&mut self, lapsed: Vec<i64>, how: &str) -> Result<(), EngineError> {
+    /// Target leases `lapsed` ran out (`how` it was seen): grant them again.
+    async fn regrant(&mut self, lapsed: Vec<i64>, how: &str) -> Result<(), EngineError> {
         warn!(
             ?lapsed,
             how,
             "a target lease ran out (cut off from the target, or stopped, for longer than its TTL): \
              granting it again; a reconcile pass puts back the keys its expiry deleted"
         );
-        self.engine.repair_owed = true;
         let timeout = self.timeout();
-        self.leases.ensure_ids(&self.source, &self.target, lapsed, timeout).await?;
-        self.report_leases();
+        self.held.ensure_ids(&self.source, &self.target, lapsed, timeout).await?;
+        self.report();
         Ok(())
     }
 
-    /// The tail's lease round: keep-alives due, revokes the watermark has passed, and leases a
-    /// keep-alive found lapsed granted again.
-    pub(super) async fn lease_round(&mut self) -> Result<(), EngineError> {
-        let watermark = self.writer().record().watermark;
-        let (every, timeout) = (self.cfg().sync.progress_interval.get(), self.timeout());
-        let lapsed = self.leases.tick(&self.source, &self.target, watermark, every, timeout).await?;
-        if !lapsed.is_empty() {
-            self.lease_lapsed_ids(lapsed, "a keep-alive answered TTL 0").await?;
+    /// A round at `watermark`: keep-alives due, revokes the watermark has passed, and leases a
+    /// keep-alive found lapsed granted again (then true: a reconcile pass is owed).
+    pub async fn round(&mut self, watermark: i64) -> Result<bool, EngineError> {
+        let (every, timeout) = (self.sync.progress_interval.get(), self.timeout());
+        let lapsed = self.held.tick(&self.source, &self.target, watermark, every, timeout).await?;
+        let owed = !lapsed.is_empty();
+        if owed {
+            self.regrant(lapsed, "a keep-alive answered TTL 0").await?;
         }
-        self.report_leases();
-        Ok(())
+        self.report();
+        Ok(owed)
     }
 
     /// `leases` of the status.
-    pub(super) fn report_leases(&self) {
-        let l = &self.leases;
+    fn report(&self) {
+        let l = &self.held;
         let now = mirror_core::LeaseStatus {
             preserved: l.preserved() as u64,
             granted_total: l.granted_total,
             revoked_total: l.revoked_total,
             keepalive_lag_seconds: l.keepalive_lag.as_secs_f64(),
         };
-        self.engine.update(|s| s.leases = now);
+        self.status.write().expect("status lock").leases = now;
     }
 
     /// The etcd ops of `ops`, each put with its lease where the target holds it.
-    pub(super) fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
-        ops.iter().map(|op| op.to_txn_op_with(|id| self.leases.attached(id))).collect()
+    pub fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
+        ops.iter().map(|op| op.to_txn_op_with(|id| self.held.attached(id))).collect()
     }
 }
 

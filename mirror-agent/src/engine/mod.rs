@@ -3,7 +3,7 @@
 //! ## Invariants this module upholds
 //! - **G1** Reads go to the source client only; writes only through the [`FencedWriter`] of the
 //!   target, and only to keys the [`KeyRewriter`] produced or the checkpoint key.
-//! - **G2** Target Txns are built from [`Batch`]es of whole revisions; a Txn the target refuses
+//! - **G2** Target Txns are built from [`mirror_watch::Batch`]es of whole revisions; a Txn the target refuses
 //!   as too big is retried one revision at a time; a single revision still refused is
 //!   permanent, named by its first key (redacted).
 //! - **G3** The checkpoint moves in the same Txn as the data it describes, so the target never
@@ -29,6 +29,9 @@
 //! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
 //! - `settle`: completing an initial sync or a drain on an idle source by comparison.
 //! - `confirm`: `confirmed_time`, when the source was last seen at or below the watermark.
+//! - `leases`: the [`leases::LeaseKeeper`], a component of its own (no `impl Run`): it owns the
+//!   target leases of a run, its two clients and its settings; the engine hands it each Txn's
+//!   ops and the watermark, and it answers whether a reconcile pass is owed.
 //!
 //! ## Why `scan_end` and not R0 ends the initial sync
 //! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
@@ -267,13 +270,13 @@ pub struct Engine {
     /// When this agent last won the HA election, until its claim (logged then as
     /// `fence_after_election_ms`).
     elected_at: Option<Instant>,
-    /// A target lease ran out ([`Run::lease_lapsed`], or found at a run's start): the tail runs
+    /// A target lease ran out ([`leases::LeaseKeeper`] says so), or one was found run out at a run's start: the tail runs
     /// a reconcile pass as soon as it can, whatever `reconcile.interval` says, to put back the
     /// keys its expiry deleted.
     repair_owed: bool,
 }
 
-/// How far a run got, for resetting the retry waits ([`RetryPolicy`]).
+/// How far a run got, for resetting the retry waits ([`mirror_core::RetryPolicy`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 enum Progress {
     /// Nothing succeeded.
@@ -375,10 +378,9 @@ type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
 struct Run<'e> {
     engine: &'e mut Engine,
     source: Client,
-    target: Client,
     target_kv: KvClient,
     /// The target leases of `sync.leases = "preserve"` (`leases`).
-    leases: leases::Leases,
+    leases: leases::LeaseKeeper,
     source_cluster: u64,
     target_cluster: u64,
     trust: bool,
@@ -484,6 +486,13 @@ impl Run<'_> {
 
     fn writer(&mut self) -> &mut FencedWriter {
         self.writer.as_mut().expect("fence claimed before any write")
+    }
+
+    /// The lease keeper's round at the watermark; a lapse it found owes a reconcile pass.
+    async fn lease_round(&mut self) -> Result<(), EngineError> {
+        let watermark = self.writer().record().watermark;
+        self.engine.repair_owed |= self.leases.round(watermark).await?;
+        Ok(())
     }
 }
 

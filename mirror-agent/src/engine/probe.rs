@@ -121,13 +121,13 @@ impl Engine {
                 connect_to(Side::Target, &self.cfg.target, sync, &target_probe.serving_endpoints()).await?
             }
         };
-        let preserve = self.cfg.sync.leases == mirror_core::LeaseMode::Preserve;
+        let target_kv = target.kv_client();
+        let leases = super::leases::LeaseKeeper::new(sync, source.clone(), target, self.reporter.handle());
         let mut run = Run {
             engine: self,
             source,
-            target_kv: target.kv_client(),
-            target,
-            leases: super::leases::Leases::new(preserve),
+            target_kv,
+            leases,
             source_cluster,
             target_cluster,
             trust,

@@ -272,8 +272,10 @@ impl Run<'_> {
         self.writer = Some(writer);
         // Only the fence holder keeps leases: what the link holds is found now and kept alive
         // from now on; any that ran out meanwhile are granted again and their keys owed.
-        self.adopt_leases().await?;
-        self.report_leases();
+        let record = self.writer().record().clone();
+        let (windows, target_windows) =
+            (self.engine.rewriter.scan_windows(), self.engine.rewriter.target_windows());
+        self.engine.repair_owed |= self.leases.claim(&record, &windows, target_windows).await?;
         Ok(())
     }
 

@@ -81,6 +81,7 @@ impl Run<'_> {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
+                    self.leases.configure(&self.engine.cfg.sync);
                     continue;
                 }
                 _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {

@@ -21,6 +21,34 @@ use sha2::{Digest, Sha256};
 /// Marks the reserved namespace under a prefix: `prefix + RESERVED_MARKER`.
 pub const RESERVED_MARKER: &str = "\u{0}etcd-mirror/";
 
+/// A link's destination range as the overlap rule sees it: every target key under `prefix`
+/// but those under one of `excludes` (the link's `dest_excludes`). Two links may share a target
+/// only where their ranges share no key.
+#[derive(Clone, Copy, Debug)]
+pub struct DestRange<'a> {
+    /// The destination prefix.
+    pub prefix: &'a [u8],
+    /// Prefixes under `prefix` the link never writes.
+    pub excludes: &'a [Vec<u8>],
+}
+
+impl DestRange<'_> {
+    /// Whether some key is in both ranges. Prefix ranges either nest or are disjoint: disjoint
+    /// ones share nothing; nested ones share the inner range unless the outer excludes a prefix
+    /// of the inner's (a finite set of excludes covers all of the inner range only that way).
+    /// Equal prefixes always overlap; "adjacent" prefixes such as `/a` and `/ab` nest as bytes.
+    pub fn overlaps(&self, other: &DestRange<'_>) -> bool {
+        let (outer, inner) = if other.prefix.starts_with(self.prefix) {
+            (self, other)
+        } else if self.prefix.starts_with(other.prefix) {
+            (other, self)
+        } else {
+            return false;
+        };
+        !outer.excludes.iter().any(|e| inner.prefix.starts_with(e))
+    }
+}
+
 /// A half-open key range `[start, end)` in etcd's convention: `end == [0]` means "to the end of
 /// the keyspace".
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -220,3 +220,35 @@ fn windows_after_a_cursor_are_what_is_left_to_scan() {
     let all = [KeyRange::prefix(b"")];
     assert_eq!(windows_after(&all, b"\xff\xff"), [KeyRange { start: b"\xff\xff\0".to_vec(), end: vec![0] }]);
 }
+
+/// Upstream's TestEffectiveDestRangeOverlap: the overlap algebra of two links' destination
+/// ranges (prefix, excludes), both ways round: nested, equal, disjoint, byte-adjacent, and an
+/// inner range the outer excludes (exactly, or by a shorter exclude) or does not.
+#[rstest::rstest]
+#[case::disjoint("/a/", &[], "/b/", &[], false)]
+#[case::equal("/a/", &[], "/a/", &[], true)]
+#[case::equal_with_excludes("/a/", &["/a/x/"], "/a/", &["/a/y/"], true)]
+#[case::nested("/a/", &[], "/a/b/", &[], true)]
+#[case::nested_excluded_exactly("/a/", &["/a/b/"], "/a/b/", &[], false)]
+#[case::nested_under_a_shorter_exclude("/a/", &["/a/b"], "/a/b/c/", &[], false)]
+#[case::nested_exclude_elsewhere("/a/", &["/a/c/"], "/a/b/", &[], true)]
+#[case::exclude_longer_than_the_inner("/a/", &["/a/b/c/"], "/a/b/", &[], true)]
+#[case::inner_excludes_do_not_matter("/a/", &[], "/a/b/", &["/a/b/c/"], true)]
+#[case::byte_adjacent_nest("/a", &[], "/ab", &[], true)]
+#[case::siblings("/a/b", &[], "/a/c", &[], false)]
+#[case::whole_keyspace("", &[], "/z/", &[], true)]
+#[case::whole_keyspace_excluding("", &["/z/"], "/z/", &[], false)]
+fn dest_range_overlap_algebra(
+    #[case] a: &str,
+    #[case] a_excludes: &[&str],
+    #[case] b: &str,
+    #[case] b_excludes: &[&str],
+    #[case] overlap: bool,
+) {
+    let owned = |e: &[&str]| e.iter().map(|e| e.as_bytes().to_vec()).collect::<Vec<_>>();
+    let (ea, eb) = (owned(a_excludes), owned(b_excludes));
+    let a = crate::DestRange { prefix: a.as_bytes(), excludes: &ea };
+    let b = crate::DestRange { prefix: b.as_bytes(), excludes: &eb };
+    assert_eq!(a.overlaps(&b), overlap, "{a:?} vs {b:?}");
+    assert_eq!(b.overlaps(&a), overlap, "symmetric: {b:?} vs {a:?}");
+}

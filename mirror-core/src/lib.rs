@@ -62,7 +62,7 @@ pub use connect::{
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{
-    key_after, normalize_excludes, prefix_end, redact_key, windows_after, KeyRange, KeyRewriter,
+    key_after, normalize_excludes, prefix_end, redact_key, windows_after, DestRange, KeyRange, KeyRewriter,
     RESERVED_MARKER,
 };
 pub use op::{Op, OpChunker};

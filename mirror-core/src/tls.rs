@@ -185,17 +185,33 @@ impl ServerCertVerifier for NamedServerCert {
 }
 
 /// The expiry of the CA bundle and the client certificate configured in `tls`, as on disk now.
-/// Files that cannot be read or parsed are left out (the connect reports them).
+/// A file that cannot be read or holds no usable certificate has no series (the connect refuses
+/// it, naming its field); it is logged here too, so a gauge gone missing is never silent.
 pub fn expiry(tls: &Tls) -> Vec<CertExpiry> {
     let mut out = Vec::new();
     for (kind, path) in [("ca", &tls.ca_file), ("client", &tls.cert_file)] {
         let Some(path) = path else { continue };
-        let Ok(pem) = std::fs::read(path) else { continue };
-        if let Some(not_after) = earliest_not_after(&pem) {
-            out.push(CertExpiry { kind: kind.to_owned(), not_after });
+        let read = std::fs::read(path).map_err(|e| e.to_string());
+        match read.and_then(|pem| earliest_not_after(&pem).map_err(|e| e.to_string())) {
+            Ok(not_after) => out.push(CertExpiry { kind: kind.to_owned(), not_after }),
+            Err(e) => tracing::warn!(kind, path = %path.display(), "no certificate expiry to report: {e}"),
         }
     }
     out
+}
+
+/// Why a file gives no `notAfter`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoExpiry {
+    /// A PEM block is malformed.
+    #[error("bad PEM: {0}")]
+    BadPem(String),
+    /// A certificate block does not parse as X.509: which one (from 1), and why.
+    #[error("certificate {0} is not valid X.509: {1}")]
+    BadCertificate(usize, String),
+    /// Not one certificate in the file (not PEM at all, or only other blocks such as a key).
+    #[error("holds no PEM certificate")]
+    NoCertificate,
 }
 
 /// A digest of the paths and contents of the files `tls` names, to notice a rotation on disk
@@ -222,13 +238,19 @@ pub fn fingerprint(tls: &Tls) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The earliest `notAfter` of the PEM certificates in `pem`, Unix seconds.
-pub fn earliest_not_after(pem: &[u8]) -> Option<i64> {
-    CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .filter_map(|der| x509_cert::Certificate::from_der(der.as_ref()).ok())
-        .map(|cert| cert.tbs_certificate.validity.not_after.to_unix_duration().as_secs() as i64)
-        .min()
+/// The earliest `notAfter` of the PEM certificates in `pem`, Unix seconds. A file that is not
+/// PEM, holds no certificate, or holds one that is malformed is an error, not a file without
+/// expiry.
+pub fn earliest_not_after(pem: &[u8]) -> Result<i64, NoExpiry> {
+    let mut earliest: Option<i64> = None;
+    for (n, der) in CertificateDer::pem_slice_iter(pem).enumerate() {
+        let der = der.map_err(|e| NoExpiry::BadPem(e.to_string()))?;
+        let cert = x509_cert::Certificate::from_der(der.as_ref())
+            .map_err(|e| NoExpiry::BadCertificate(n + 1, e.to_string()))?;
+        let not_after = cert.tbs_certificate.validity.not_after.to_unix_duration().as_secs() as i64;
+        earliest = Some(earliest.map_or(not_after, |e| e.min(not_after)));
+    }
+    earliest.ok_or(NoExpiry::NoCertificate)
 }
 
 fn field_error(side: Side, field: &str, message: String) -> TlsFileError {
@@ -242,21 +264,7 @@ fn read(side: Side, field: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
 /// Reads a PEM file that must hold at least one well-formed certificate.
 fn read_certificates(side: Side, field: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
     let pem = read(side, field, path)?;
-    let mut n = 0;
-    for der in CertificateDer::pem_slice_iter(&pem) {
-        let der = der.map_err(|e| field_error(side, field, format!("{}: bad PEM: {e}", path.display())))?;
-        x509_cert::Certificate::from_der(der.as_ref()).map_err(|e| {
-            field_error(
-                side,
-                field,
-                format!("{}: certificate {} is not valid X.509: {e}", path.display(), n + 1),
-            )
-        })?;
-        n += 1;
-    }
-    if n == 0 {
-        return Err(field_error(side, field, format!("{} holds no PEM certificate", path.display())));
-    }
+    earliest_not_after(&pem).map_err(|e| field_error(side, field, format!("{}: {e}", path.display())))?;
     Ok(pem)
 }
 
@@ -366,5 +374,26 @@ mod tests {
         std::fs::remove_file(&bundle).unwrap();
         assert_eq!(expiry(&both), [CertExpiry { kind: "client".into(), not_after: at(2033) }]);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Upstream's TestEarliestNotAfterNoCertificate: a file that is not PEM, or PEM without a
+    /// certificate, or with a block that is not X.509, is an error (never "no expiry"); the
+    /// earliest of several certificates wins.
+    #[test]
+    fn earliest_not_after_refuses_a_file_without_a_certificate() {
+        use super::NoExpiry;
+        assert_eq!(earliest_not_after(b"not a certificate at all\n"), Err(NoExpiry::NoCertificate));
+        assert_eq!(earliest_not_after(b""), Err(NoExpiry::NoCertificate));
+        let key = rcgen::KeyPair::generate().unwrap().serialize_pem();
+        assert_eq!(
+            earliest_not_after(key.as_bytes()),
+            Err(NoExpiry::NoCertificate),
+            "a key is no certificate"
+        );
+        let garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(matches!(earliest_not_after(garbage.as_bytes()), Err(NoExpiry::BadCertificate(1, _))));
+        let two = format!("{}{}", self_signed_until(2036), self_signed_until(2032));
+        let at = rcgen::date_time_ymd(2032, 1, 1).unix_timestamp();
+        assert_eq!(earliest_not_after(two.as_bytes()), Ok(at));
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use mirror_core::{now_rfc3339, unary, ConditionType, KeyRange, Reason, Side};
+use mirror_core::{now_rfc3339, unary, ConditionType, DestRange, KeyRange, Reason, Side};
 use mirror_fence::{read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed};
 use mirror_scan::count;
 use mirror_watch::{open_watch, Watch};
@@ -186,7 +186,8 @@ impl Run<'_> {
                 Ok(r) => (r.link_uid, r.excludes),
                 Err(_) => ("unknown".to_owned(), Vec::new()),
             };
-            if !excludes.iter().any(|e| ours.starts_with(e)) {
+            let outer = DestRange { prefix: &ours[..len], excludes: &excludes };
+            if outer.overlaps(&DestRange { prefix: &ours, excludes: &[] }) {
                 return Err(self.overlap(other, &ours[..len]));
             }
         }
@@ -195,8 +196,9 @@ impl Run<'_> {
             mirror_reconcile::foreign_dest_prefixes(self.target_kv.clone(), &self.engine.rewriter, page)
                 .await?;
         let excluded = self.engine.rewriter.dest_excludes();
+        let mine = DestRange { prefix: &ours, excludes: &excluded };
         for theirs in inner {
-            if excluded.iter().any(|e| theirs.starts_with(e)) {
+            if !mine.overlaps(&DestRange { prefix: &theirs, excludes: &[] }) {
                 continue;
             }
             let key = [&theirs[..], marker, b"checkpoint"].concat();

@@ -76,6 +76,58 @@ async fn cutover_promotes_and_fences_out_the_old_view() {
     assert_eq!(revision(&mut dst).await, before, "nothing may be written after the cutover");
 }
 
+/// Without `--wait`, cutover returns once the drain has started: a detached process holds the
+/// fence at the next epoch (the running daemon stands by at once), then drains, verifies and
+/// promotes on its own, its output (the cutover block included) in `--log`.
+#[tokio::test]
+async fn cutover_without_wait_returns_once_the_drain_started() {
+    let (source, target) = pair().await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/bg/", 500, 16).await.unwrap();
+    let cfg = scenario::fast_config(&source, &target, "bg", "/bg/");
+    let daemon = AgentProcess::start(&cfg).await.unwrap();
+    daemon
+        .wait_for("synced", SYNC_TIMEOUT, |s| s.condition(mirror_core::ConditionType::InitialSyncComplete))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("cutover.log");
+    let out = agent_command(&cfg, "cutover", &["--log", log.to_str().unwrap()]).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("cutover started") && stdout.contains(log.to_str().unwrap()), "{stdout}");
+
+    // Returned with the fence claimed: the stored epoch + 1, the daemon standing by.
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(checkpoint(&mut dst, &cfg).await.epoch, 2, "claimed when the command returned");
+    daemon.wait_for("standby", SYNC_TIMEOUT, |s| s.phase == Phase::Standby).await.unwrap();
+
+    // The detached process finishes the job by itself.
+    let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+    while checkpoint(&mut dst, &cfg).await.role != Role::Primary {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not promoted: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let block = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if let Some(at) = text.find("{\n  \"cutover\"") {
+            if let Ok(block) =
+                serde_json::from_str::<serde_json::Value>(&text[at..text.rfind('}').unwrap() + 1])
+            {
+                break block;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no cutover block in the log: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(block["cutover"]["source_keys"], 500);
+    assert_eq!(block["cutover"]["target_keys"], 500);
+}
+
 /// The role flip alone fences the running engine (reference TestRoleFlipCutoverFence): the
 /// record is rewritten to role `primary` at the *same* epoch, so no epoch rule can be what
 /// stops it. The daemon's next write fails its compare, it re-reads the record, stands by with

@@ -59,6 +59,8 @@ async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
     // Nothing mirrored yet: no checkpoint to cut over or fail over.
     let (code, text) = exit_of(&["cutover", "--config", &file, "--wait"]).await;
     assert_eq!(code, 3, "cutover without a checkpoint: {text}");
+    let (code, text) = exit_of(&["cutover", "--config", &file]).await;
+    assert_eq!(code, 3, "cutover (no --wait) without a checkpoint: {text}");
     let (code, text) = exit_of(&["failover", "--config", &file, "--force"]).await;
     assert_eq!(code, 3, "failover without a checkpoint: {text}");
 
@@ -103,6 +105,11 @@ async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
     let (code, text) = exit_of(&["cutover", "--config", &other, "--wait"]).await;
     assert_eq!(code, 1, "cutover meeting another link's checkpoint: {text}");
     assert!(text.contains("PrefixConflict"), "{text}");
+    // The same without --wait: the detached process ends refused before it claims, and the
+    // command says so with its code and output.
+    let (code, text) = exit_of(&["cutover", "--config", &other]).await;
+    assert_eq!(code, 1, "cutover (no --wait) meeting another link's checkpoint: {text}");
+    assert!(text.contains("PrefixConflict") && text.contains("ended before the drain started"), "{text}");
     let (code, text) = exit_of(&["verify", "--config", &file]).await;
     assert_eq!(code, 0, "the link's own target is untouched and equal: {text}");
 }

@@ -1,18 +1,22 @@
-//! `mirror-agent cutover --config F --wait`: drain, verify and promote from a shell.
+//! `mirror-agent cutover --config F [--wait]`: drain, verify and promote from a shell.
 //!
 //! It claims the fence with the stored epoch + 1, so a running daemon of the link becomes a
 //! standby at its next write and writes nothing more; then it runs the engine in drain mode in
 //! this process: catch up to the drain target revision, compare both sides (one repair pass if
-//! they differ), and promote the target (checkpoint role `primary`). It prints the cutover block
-//! and exits 0 only when verified.
+//! they differ), and promote the target (checkpoint role `primary`). With `--wait` it prints the
+//! cutover block and exits 0 only when verified. Without it ([`start`]) the same runs in a
+//! detached process, and the command returns once that process holds the fence: the drain has
+//! started and no agent of the link writes any more; the outcome is in its log and, once
+//! promoted, in the checkpoint (`verify` then exits 0).
 
 use crate::exit::Exit;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use mirror_core::{connect_reachable, Config, Mode, Phase, Side, Status};
-use mirror_fence::{read_checkpoint, Observed, Role};
+use mirror_fence::{read_checkpoint, Checkpoint, Observed, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
@@ -30,8 +34,9 @@ async fn hold_cutover_key(config: &Config) -> anyhow::Result<Option<mirror_fence
     Ok(Some(mirror_fence::election::hold_cutover(&target, &reserved, &me, ttl, timeout).await?))
 }
 
-/// Runs the cutover.
-pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode {
+/// The link's stored checkpoint, or the exit code that ends the command: 3 when there is none
+/// or it cannot be read, 0 when the target is primary already (said on stdout).
+async fn stored_record(config: &Config) -> Result<Checkpoint, ExitCode> {
     let timeout = config.sync.request_timeout.get();
     let stored = async {
         let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
@@ -44,17 +49,109 @@ pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode 
             eprintln!(
                 "mirror-agent cutover: no checkpoint in the target: nothing has been mirrored to cut over"
             );
-            return ExitCode::from(Exit::CannotStart);
+            return Err(ExitCode::from(Exit::CannotStart));
         }
         Err(e) => {
             eprintln!("mirror-agent cutover: cannot read the checkpoint: {e:#}");
-            return ExitCode::from(Exit::CannotStart);
+            return Err(ExitCode::from(Exit::CannotStart));
         }
     };
     if record.role == Role::Primary {
         println!("already cut over: the target is primary (watermark {})", record.watermark);
-        return ExitCode::SUCCESS;
+        return Err(ExitCode::SUCCESS);
     }
+    Ok(record)
+}
+
+/// How long a detached cutover has to claim the fence before [`start`] gives up waiting.
+const DETACHED_CLAIM_WAIT: Duration = Duration::from_secs(60);
+
+/// `cutover` without `--wait`: starts `cutover --wait` as a detached process (its own process
+/// group, so the shell's signals and exit leave it running; stdout and stderr to `log`) and
+/// returns once it holds the fence at a newer epoch than the stored one, the drain started.
+/// Exit 0 then; the detached process's own exit code if it ends first (3: nothing happened,
+/// 1: refused); 1 if it has not claimed within [`DETACHED_CLAIM_WAIT`] (it keeps running).
+pub async fn start(
+    config: Config,
+    file: PathBuf,
+    allow_moving_source: bool,
+    log: Option<PathBuf>,
+) -> ExitCode {
+    let record = match stored_record(&config).await {
+        Ok(record) => record,
+        Err(code) => return code,
+    };
+    let log = log.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("mirror-cutover-{}-{}.log", config.link_uid, std::process::id()))
+    });
+    let spawned = (|| {
+        let out = std::fs::File::create(&log)?;
+        let mut command = std::process::Command::new(std::env::current_exe()?);
+        command.arg("cutover").arg("--config").arg(std::path::absolute(&file)?).arg("--wait");
+        if allow_moving_source {
+            command.arg("--allow-moving-source");
+        }
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn()
+    })();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("mirror-agent cutover: cannot start the cutover process (log {}): {e}", log.display());
+            return ExitCode::from(Exit::CannotStart);
+        }
+    };
+    let pid = child.id();
+    let (timeout, key) = (config.sync.request_timeout.get(), config.checkpoint_key());
+    let started = tokio::time::Instant::now();
+    let mut target = None;
+    while started.elapsed() < DETACHED_CLAIM_WAIT {
+        if let Ok(Some(status)) = child.try_wait() {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            eprint!("{said}");
+            eprintln!(
+                "mirror-agent cutover: the cutover process {pid} ended before the drain started ({status})"
+            );
+            return ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1));
+        }
+        if target.is_none() {
+            target = connect_reachable(Side::Target, &config.target, &config.sync).await.ok();
+        }
+        if let Some(client) = target.as_ref() {
+            if let Ok(Observed::Present { record: now, .. }) =
+                read_checkpoint(&mut client.kv_client(), &key, timeout).await
+            {
+                if now.epoch > record.epoch || now.role == Role::Primary {
+                    println!(
+                        "cutover started: process {pid} holds the fence at epoch {} (was {}); it drains, \
+                         verifies and promotes on its own, output in {}. The target is primary once \
+                         `mirror-agent verify --config {}` exits 0 and the checkpoint's role is primary.",
+                        now.epoch,
+                        record.epoch,
+                        log.display(),
+                        file.display()
+                    );
+                    return ExitCode::SUCCESS;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "mirror-agent cutover: process {pid} has not claimed the fence within {DETACHED_CLAIM_WAIT:?}; it keeps \
+         trying (output in {}); `kill {pid}` stops it",
+        log.display()
+    );
+    ExitCode::from(Exit::No)
+}
+
+/// Runs the cutover (`--wait`).
+pub async fn cutover(mut config: Config, allow_moving_source: bool) -> ExitCode {
+    let timeout = config.sync.request_timeout.get();
+    let record = match stored_record(&config).await {
+        Ok(record) => record,
+        Err(code) => return code,
+    };
     config.mode = Mode::Drain;
     config.epoch = record.epoch as i64 + 1;
     // The cutover claims the fence outright; it never campaigns (a running HA leader is

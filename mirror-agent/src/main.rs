@@ -72,14 +72,21 @@ enum Command {
         #[arg(long, value_enum, default_value = "human")]
         log_format: LogFormat,
     },
-    /// Drain, verify and promote the target; exit 0 only when verified.
+    /// Drain, verify and promote the target. With --wait, exit 0 only when verified; without
+    /// it, return once the drain has started in a detached process.
     Cutover {
         /// The TOML config file.
         #[arg(long)]
         config: PathBuf,
-        /// Run until the cutover is verified or refused (required: cutover always waits).
-        #[arg(long, required = true)]
+        /// Run here until the cutover is verified or refused, and exit by its outcome. Without
+        /// it: start it in a detached process and return once that holds the fence (the drain
+        /// has started; every agent of the link stands by).
+        #[arg(long)]
         wait: bool,
+        /// Without --wait: the file the detached cutover writes its output to (default: a file
+        /// in the temp directory, named when the command returns).
+        #[arg(long, conflicts_with = "wait")]
+        log: Option<PathBuf>,
         /// Exit 0 even if the source kept changing after the drain target revision.
         #[arg(long)]
         allow_moving_source: bool,
@@ -157,8 +164,11 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
         Command::Status { url, json, watch } => status(&url, json, watch),
-        Command::Cutover { config, wait: _, allow_moving_source } => {
+        Command::Cutover { config, wait: true, allow_moving_source, .. } => {
             one_shot(&config, |c| cutover::cutover(c, allow_moving_source))
+        }
+        Command::Cutover { config, wait: false, allow_moving_source, log } => {
+            one_shot(&config, |c| cutover::start(c, config.clone(), allow_moving_source, log))
         }
         Command::Failover { config, force } => one_shot(&config, |c| failover::failover(c, force)),
         Command::FailbackPlan { config, promoted_watermark, out } => {

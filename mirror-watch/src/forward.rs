@@ -20,15 +20,16 @@ use tokio::task::JoinHandle;
 
 use crate::{Buffered, Fragments, Overflow, ReplayBuffer};
 
-/// An open source watch: both halves and the revision its fragments are joining.
+/// An open source watch: both halves and the revision its fragments are joining. Read by the
+/// tail as a revision source ([`Watch::next`]), or by a [`Forwarder`] through a long pass.
 #[derive(Debug)]
 pub struct Watch {
     /// Progress requests and cancels go here.
-    pub sender: WatchRequestSender,
+    pub(crate) sender: WatchRequestSender,
     /// Responses come from here.
-    pub stream: WatchResponseStream,
+    pub(crate) stream: WatchResponseStream,
     /// The part of a revision whose response came in fragments, until its last piece.
-    pub fragments: Fragments,
+    pub(crate) fragments: Fragments,
 }
 
 /// Why forwarding stopped before it was asked to.

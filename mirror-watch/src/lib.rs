@@ -44,6 +44,7 @@ mod events;
 mod forward;
 mod history;
 mod idle;
+mod source;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
@@ -60,6 +61,7 @@ pub use idle::{prove_unchanged, IdleProof};
 /// Re-exported: the unit of every batch (it lives in mirror-core, shared with the scan and the
 /// reconcile).
 pub use mirror_core::{Op, OpChunker};
+pub use source::{Deliveries, Delivery, WatchEnd};
 
 /// The largest unfragmented watch response the client accepts. Most responses are far
 /// smaller; a catch-up after downtime bundles up to 1 000 revisions (200 MB of 200 KiB values)

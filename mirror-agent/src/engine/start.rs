@@ -363,7 +363,6 @@ impl Run<'_> {
             self.engine.update(|s| s.watch_restarts += 1);
         }
         let (sender, stream) = stream.split();
-        let fragments = mirror_watch::Fragments::new(self.held_revision_bytes());
-        Ok(Watch { sender, stream, fragments })
+        Ok(Watch::new(sender, stream, self.held_revision_bytes()))
     }
 }

@@ -2,13 +2,11 @@
 
 use std::time::Duration;
 
-use etcd_client::WatchResponse;
-use futures::FutureExt as _;
 use mirror_core::{
     now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Reason,
     Side,
 };
-use mirror_watch::{convert_events, prove_unchanged, Buffered, IdleProof, Revision, Watch};
+use mirror_watch::{prove_unchanged, Buffered, Delivery, IdleProof, Revision, Watch, WatchEnd};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -76,8 +74,11 @@ impl Run<'_> {
                 continue;
             }
             let reconcile_at = reconcile_clock.due(self.cfg().reconcile.interval.get(), scan_end.is_none());
+            // The watch's read: data above the watermark, Txns up to the flush size at once.
+            let floor = self.writer().record().watermark;
+            let budget = self.cfg().sync.txn_flush_bytes.bytes() as usize;
             let watch = self.watch.as_mut().expect("opened above");
-            let resp = tokio::select! {
+            let read = tokio::select! {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
@@ -129,7 +130,7 @@ impl Run<'_> {
                     continue;
                 }
                 _ = progress.tick() => {
-                    let _ = watch.sender.request_progress().await;
+                    watch.request_progress().await;
                     self.start_confirm_read(&scan_end);
                     continue;
                 }
@@ -137,51 +138,19 @@ impl Run<'_> {
                     self.on_confirm_read(answer.ok().flatten(), &scan_end).await?;
                     continue;
                 }
-                msg = watch.stream.message() => msg,
+                read = watch.next(&self.engine.rewriter, floor, budget) => read,
             };
-            let resp = match resp {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    return Err(EngineError::Etcd(EtcdError::new(
-                        "watch",
-                        Side::Source,
-                        etcd_client::Error::WatchError("watch stream ended".into()),
-                    )))
-                }
-                Err(e) => return Err(watch_error(e)),
-            };
-            // Group commit (SPEC §5 Batching): every response already waiting joins this one, so
-            // the next Txn carries every whole revision that arrived while the last one was in
-            // flight; under load Txns grow instead of the lag.
-            let mut ready = vec![resp];
-            let mut later = None;
-            let budget = self.cfg().sync.txn_flush_bytes.bytes() as usize;
-            let mut bytes = response_bytes(&ready[0]);
-            while is_data(ready.last().expect("one")) && bytes < budget && ready.len() < GROUP_RESPONSES {
-                let Some(watch) = self.watch.as_mut() else { break };
-                match watch.stream.message().now_or_never() {
-                    None => break,
-                    Some(Ok(Some(next))) => {
-                        bytes += response_bytes(&next);
-                        ready.push(next);
-                    }
-                    Some(other) => {
-                        later = Some(other);
-                        break;
-                    }
-                }
-            }
-            self.on_responses(ready, &mut scan_end).await?;
-            match later {
+            self.on_deliveries(read.items, &mut scan_end).await?;
+            match read.end {
                 None => {}
-                Some(Ok(_)) => {
+                Some(WatchEnd::Closed) => {
                     return Err(EngineError::Etcd(EtcdError::new(
                         "watch",
                         Side::Source,
                         etcd_client::Error::WatchError("watch stream ended".into()),
                     )))
                 }
-                Some(Err(e)) => return Err(watch_error(e)),
+                Some(WatchEnd::Failed(e)) => return Err(watch_error(e)),
             }
             if scan_end.is_none() && self.drain_step(&mut progress).await? {
                 return Ok(());
@@ -227,58 +196,52 @@ impl Run<'_> {
         Ok(true)
     }
 
-    /// Responses in arrival order: runs of data responses are converted together and applied as
-    /// one batch stream (whole revisions, merged into as few Txns as the limits allow); anything
-    /// else (progress, cancel) is handled in its place, after the data before it.
-    pub(super) async fn on_responses(
+    /// Deliveries in arrival order: runs of whole revisions are applied as one batch stream
+    /// (merged into as few Txns as the limits allow); a reply or a cancel is handled in its
+    /// place, after the revisions before it. Revisions at or below the watermark (moved by a
+    /// reply in the same read) are dropped: already applied, or proven.
+    pub(super) async fn on_deliveries(
         &mut self,
-        responses: Vec<WatchResponse>,
+        deliveries: Vec<Delivery>,
         scan_end: &mut Option<i64>,
     ) -> Result<(), EngineError> {
         let mut revisions: Vec<Revision> = Vec::new();
-        for resp in responses {
-            if !is_data(&resp) {
-                self.apply_revisions(std::mem::take(&mut revisions), scan_end).await?;
-                self.on_response(resp, scan_end).await?;
-                continue;
+        for delivery in deliveries {
+            match delivery {
+                Delivery::Revisions { revisions: mut more, header } => {
+                    self.engine.update(|s| s.source_revision = s.source_revision.max(header));
+                    self.note_header(header);
+                    let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
+                    more.retain(|r| r.revision > floor);
+                    revisions.extend(more);
+                }
+                Delivery::Cancelled { compact_revision, reason } => {
+                    self.apply_revisions(std::mem::take(&mut revisions), scan_end).await?;
+                    let fault = Fault::of_watch_cancel(compact_revision, &reason);
+                    return Err(match fault.class() {
+                        ErrorClass::Resync => EngineError::Resync(ResyncCause::WatchCompacted),
+                        _ => EngineError::Etcd(EtcdError::new(
+                            "watch",
+                            Side::Source,
+                            etcd_client::Error::WatchError(format!("watch cancelled: {reason}")),
+                        )),
+                    });
+                }
+                Delivery::Reply { created, header } => {
+                    self.apply_revisions(std::mem::take(&mut revisions), scan_end).await?;
+                    self.on_reply(Reply { created, header }, scan_end).await?;
+                }
             }
-            let header_rev = resp.header().map_or(0, |h| h.revision());
-            let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
-            let converted = self.convert(&resp, floor);
-            self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
-            self.note_header(header_rev);
-            revisions.extend(converted.revisions);
         }
         self.apply_revisions(revisions, scan_end).await
     }
 
-    pub(super) async fn on_response(
-        &mut self,
-        resp: WatchResponse,
-        scan_end: &mut Option<i64>,
-    ) -> Result<(), EngineError> {
-        if resp.canceled() || resp.compact_revision() > 0 {
-            let fault = Fault::of_watch_cancel(resp.compact_revision(), resp.cancel_reason());
-            return Err(match fault.class() {
-                ErrorClass::Resync => EngineError::Resync(ResyncCause::WatchCompacted),
-                _ => EngineError::Etcd(EtcdError::new(
-                    "watch",
-                    Side::Source,
-                    etcd_client::Error::WatchError(format!("watch cancelled: {}", resp.cancel_reason())),
-                )),
-            });
-        }
-        let header_rev = resp.header().map_or(0, |h| h.revision());
-        self.engine.update(|s| s.source_revision = s.source_revision.max(header_rev));
-        self.note_header(header_rev);
+    /// A created reply or a progress notification: only a trusted one proves that nothing at
+    /// or below its revision is still to come (see the module doc).
+    async fn on_reply(&mut self, reply: Reply, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
+        self.engine.update(|s| s.source_revision = s.source_revision.max(reply.header));
+        self.note_header(reply.header);
         let watermark = self.writer().record().watermark;
-        if !resp.events().is_empty() {
-            let converted = self.convert(&resp, watermark);
-            return self.apply_revisions(converted.revisions, scan_end).await;
-        }
-        // A created reply or a progress notification: only a trusted one proves that nothing
-        // at or below its revision is still to come (see the module doc).
-        let reply = Reply { created: resp.created(), header: header_rev };
         match on_progress_reply(reply, watermark, self.trust, self.next_idle_proof) {
             OnReply::Wait => Ok(()),
             OnReply::Current => {
@@ -306,15 +269,6 @@ impl Run<'_> {
     fn note_header(&mut self, header: i64) {
         if self.newest_header.as_ref().is_none_or(|(newest, _)| header >= *newest) {
             self.newest_header = Some((header, now_rfc3339()));
-        }
-    }
-
-    /// The whole revisions of a data response above `floor`, joined across fragments.
-    fn convert(&mut self, resp: &WatchResponse, floor: i64) -> mirror_watch::Converted {
-        let rewriter = &self.engine.rewriter;
-        match self.watch.as_mut() {
-            Some(watch) => watch.fragments.convert(resp, rewriter, floor),
-            None => convert_events(resp.events(), rewriter, floor, self.held_revision_bytes()),
         }
     }
 
@@ -405,17 +359,4 @@ pub(super) async fn sleep_until_some(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Most watch responses gathered into one group commit.
-const GROUP_RESPONSES: usize = 1024;
-
-/// A response that carries events and nothing else to act on.
-fn is_data(resp: &WatchResponse) -> bool {
-    !resp.events().is_empty() && !resp.canceled() && resp.compact_revision() == 0
-}
-
-/// Roughly the bytes a response's events add to a Txn.
-fn response_bytes(resp: &WatchResponse) -> usize {
-    resp.events().iter().filter_map(|e| e.kv()).map(|kv| kv.key().len() + kv.value().len() + 16).sum()
 }

@@ -127,10 +127,16 @@ async fn a_retried_commit_that_had_landed_is_adopted() {
     let (proxies, mut writer) = landed_with_its_answer_lost(&target, &key, timeout).await;
     proxies.heal();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // What the writer publishes to the lease keeper follows the record it holds, adopted
+    // commits included, and never a commit that did not settle.
+    let watermarks = writer.watermarks();
+    assert_eq!(*watermarks.borrow(), 10, "the claimed record's, not the unsettled commit's");
     let retried = writer.commit(put("first"), Some(record(20))).await;
     assert!(retried.is_ok(), "the retry adopts the landed commit: {retried:?}");
     assert_eq!(writer.record().watermark, 20);
+    assert_eq!(*watermarks.borrow(), 20, "an adopted commit publishes its watermark");
     writer.commit(Vec::new(), Some(record(21))).await.expect("and the writer goes on");
+    assert_eq!(*watermarks.borrow(), 21);
     assert_eq!(direct.get("/f/first", None).await.unwrap().kvs().len(), 1);
 }
 

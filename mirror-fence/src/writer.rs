@@ -90,6 +90,9 @@ pub struct FencedWriter {
     unsettled: Option<(Checkpoint, String)>,
     /// Starts every commit id of this writer (see [`writer_nonce`]).
     nonce: String,
+    /// The watermark of the record held, published to whoever acts on it beside the writes
+    /// (the lease keeper revokes a lease only once the watermark passed its expiry).
+    watermark: tokio::sync::watch::Sender<i64>,
 }
 
 impl FencedWriter {
@@ -182,6 +185,7 @@ impl FencedWriter {
         timeout: Duration,
         nonce: String,
     ) -> FencedWriter {
+        let record_watermark = record.watermark;
         FencedWriter {
             kv,
             key,
@@ -192,6 +196,7 @@ impl FencedWriter {
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             unsettled: None,
             nonce,
+            watermark: tokio::sync::watch::Sender::new(record_watermark),
         }
     }
 
@@ -199,6 +204,17 @@ impl FencedWriter {
     pub fn with_max_txn_ops(mut self, max_txn_ops: usize) -> FencedWriter {
         self.max_txn_ops = crate::nest::ops_per_level(max_txn_ops as i64);
         self
+    }
+
+    /// The watermark of the record this writer holds, from now on as each commit moves it.
+    pub fn watermarks(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.watermark.subscribe()
+    }
+
+    /// Holds `next` as the record the fence now stores.
+    fn hold(&mut self, next: Checkpoint) {
+        self.watermark.send_replace(next.watermark);
+        self.record = next;
     }
 
     /// The per-level op limit Txns are laid out for.
@@ -291,7 +307,7 @@ impl FencedWriter {
         if resp.succeeded() {
             if let Some(next) = next {
                 self.mod_revision = revision;
-                self.record = next;
+                self.hold(next);
             }
             return Ok(revision);
         }
@@ -349,7 +365,7 @@ impl FencedWriter {
         if let (Some(bytes), Some(next)) = (attempted, next) {
             if kv.value() == bytes {
                 self.mod_revision = kv.mod_revision();
-                self.record = next;
+                self.hold(next);
                 return Ok(kv.mod_revision());
             }
         }

@@ -22,6 +22,10 @@
 //! - **Coalescing is exact.** [`Coalescer`] turns a revision's deletes into range deletes only
 //!   over keys adjacent *in the target* (read at one revision), never across a key the revision
 //!   keeps or puts; the agent commits them guarded by "nothing in the span changed since".
+//! - **The revision source** ([`Watch::next`]): the tail reads the open watch as values, a
+//!   [`Delivery`] each (whole revisions, a reply without events, a cancel), with every data
+//!   response already waiting taken in the same read (group commit). It judges nothing: what a
+//!   reply proves is the agent's rule.
 //! - [`open_watch`] watches the whole source range from a revision, with progress
 //!   notifications; the client's require-leader metadata (set at connect) makes a member cut
 //!   off from its quorum end the watch instead of going silent.

@@ -216,8 +216,7 @@ impl Run<'_> {
         next: Checkpoint,
         guards: Vec<etcd_client::Compare>,
     ) -> Result<bool, EngineError> {
-        self.leases.ensure(ops).await?;
-        let txn_ops = self.leases.txn_ops(ops);
+        let txn_ops = self.leases.txn_ops(ops).await?;
         match self.writer().commit_guarded(txn_ops, None, guards).await {
             Ok(_) => {}
             Err(FenceError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(false),

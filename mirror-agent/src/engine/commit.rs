@@ -48,9 +48,8 @@ impl Run<'_> {
         // The throttle curve goes on from the last write: one Txn that got through a throttling
         // target does not send the next in after the shortest wait.
         let mut policy = RetryPolicy::new(&cfg).with_throttle_state(self.engine.throttle);
-        self.leases.ensure(ops).await?;
         loop {
-            let txn_ops = self.leases.txn_ops(ops);
+            let txn_ops = self.leases.txn_ops(ops).await?;
             let started = Instant::now();
             let result = self.writer().commit_guarded(txn_ops, Some(next.clone()), guards.clone()).await;
             let err = match result {

@@ -14,8 +14,8 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::{
-    EngineError, Restart, ResyncCause, Run, PASS_LEASE_TICK, SCAN_READ_AHEAD, SCAN_SPAN_BYTES,
-    SCAN_SPAN_TIME, SCAN_SPAN_TXNS, SCAN_TXNS_IN_FLIGHT,
+    EngineError, Restart, ResyncCause, Run, SCAN_READ_AHEAD, SCAN_SPAN_BYTES, SCAN_SPAN_TIME, SCAN_SPAN_TXNS,
+    SCAN_TXNS_IN_FLIGHT,
 };
 
 /// A take of the genesis replay at most this long ends it: the forwarder stops and the rest
@@ -122,8 +122,8 @@ impl Run<'_> {
     /// is the one point where the writes wait; a span of [`SCAN_SPAN_TXNS`] makes it rare, and
     /// memory holds only the Txns in flight, the read-ahead and the held chunk, however long
     /// the span. A span also ends after [`SCAN_SPAN_TIME`], so a paced or slow scan still moves
-    /// its cursor; its progress moves as each Txn lands and its leases' keep-alives go out every
-    /// [`PASS_LEASE_TICK`], neither waiting for a span end. The fence holds: a takeover moves
+    /// its cursor; its progress moves as each Txn lands and its leases' keep-alives go out on the
+    /// lease keeper's task, neither waiting for a span end. The fence holds: a takeover moves
     /// the mod revision and every stale Txn fails; a chunk that failed is redone through the
     /// fenced, judged commit path.
     pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
@@ -142,8 +142,6 @@ impl Run<'_> {
         let mut writes = SpanWrites::default();
         let mut data = self.writer().data_writer();
         let mut opened = Instant::now();
-        let mut keep_alive = tokio::time::interval(PASS_LEASE_TICK);
-        keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // In this order, the next chunk last: the read-ahead is nearly always ready, and an
             // unbiased `select!` (a random first branch, the first ready one taken) left pushed
@@ -167,12 +165,6 @@ impl Run<'_> {
                     self.counted(counted)?;
                     continue;
                 }
-                // The leases granted so far stay alive however long a span runs: keep-alives
-                // are not Txns, so they need no span end.
-                _ = keep_alive.tick() => {
-                    self.lease_round().await?;
-                    continue;
-                }
                 chunk = chunks.next(), if writes.in_flight.len() < SCAN_TXNS_IN_FLIGHT => chunk,
             };
             let Some(chunk) = chunk else { break };
@@ -182,10 +174,9 @@ impl Run<'_> {
                 // `stop_buffering`.
                 return Ok(());
             }
-            self.leases.ensure(&chunk.ops).await?;
             self.pace(chunk.ops.len()).await?;
             if let Some(chunk) = span.push(chunk) {
-                let (txn, data) = (self.leases.txn_ops(&chunk.ops), data.clone());
+                let (txn, data) = (self.leases.txn_ops(&chunk.ops).await?, data.clone());
                 writes.in_flight.push(Box::pin(async move {
                     let landed = data.commit(txn).await;
                     (chunk, landed)

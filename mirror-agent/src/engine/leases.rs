@@ -1,15 +1,15 @@
 //! Leases preserved on the target (`sync.leases = "preserve"`, SPEC §5 Leases, §11).
 //!
 //! For every source lease that holds a key of the range the target gets a lease with the same
-//! ID and granted TTL before the first Txn that writes one of its keys ([`LeaseKeeper::ensure`]);
+//! ID and granted TTL before the first Txn that writes one of its keys ([`LeaseKeeper::txn_ops`]);
 //! those puts carry it. Lease IDs come only from the `lease` field of the keys the scan and the
 //! watch deliver, and each new lease's TTL from one `LeaseTimeToLive` without keys: the least
 //! privilege etcd allows. Since 3.5.28 / 3.4.42 `LeaseLeases` and keep-alives are refused to a
 //! user who may not read (write) every key attached, and a source lease may carry keys outside
 //! the prefix, so the agent never lists leases and never keeps a source lease alive.
 //!
-//! While the link holds the fence, [`LeaseKeeper::round`] looks at each lease this run keeps when it
-//! is due (every third of its TTL at least, and every `progress_interval`): one `TimeToLive`
+//! While the link holds the fence, the keeper's task looks every second at each lease this run
+//! keeps that is due (every third of its TTL at least, and every `progress_interval`): one `TimeToLive`
 //! without keys on the source, and, while the source's lives, one keep-alive on the target, so
 //! the target's remaining TTL never falls more than that below the source's. A keep-alive is a
 //! stream opened for one request and its answer (etcd-client's supported API; no field of its
@@ -23,352 +23,211 @@
 //! compacted) and of the target range, so a new process after any downtime finds a target lease
 //! that ran out meanwhile, grants it again and owes the reconcile pass that puts its keys back.
 //!
-//! Keep-alives and revokes run only on the engine's own task while it holds the fence (the
-//! tail every second, and the initial scan, the prune sweep after it and a reconcile pass
-//! beside their reads and writes, at least once a second, so a pass longer than a TTL does not
-//! let the leases already granted lapse and take their keys on the target): after a cutover
-//! or failover, or in standby, nothing keeps the leases alive, and they run out on their TTL
+//! Keep-alives and revokes run on the keeper's own task, started at the claim and ended with
+//! the run, so only while this process holds the fence, and whatever the engine does meanwhile
+//! (a scan, a prune sweep or a reconcile pass longer than a TTL, a Txn waiting on a slow
+//! target): a lease already granted never lapses for want of a look. Revokes wait for the
+//! fenced writer's watermark ([`mirror_fence::FencedWriter::watermarks`]). After a cutover or
+//! failover, or in standby, nothing keeps the leases alive, and they run out on their TTL
 //! unless a client keeps the same IDs alive on the target.
 //!
 //! A target lease with the same ID and another TTL is not this link's: `LeaseConflict`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseGrantOptions};
-use futures::StreamExt as _;
+use etcd_client::Client;
 use mirror_core::{
-    unary, EtcdError, Fault, KeyRange, LeaseMode, Op, Pager, PagerOptions, Side, StatusHandle, SyncSection,
+    EtcdError, Fault, KeyRange, LeaseMode, Op, Pager, PagerOptions, Side, StatusHandle, SyncSection,
 };
 use mirror_fence::Checkpoint;
-use tokio::time::Instant;
-use tracing::{info, warn};
+use tokio::sync::mpsc;
+use tracing::warn;
 
-use super::{EngineError, Refusal};
+mod held;
 
-/// One target lease this link granted (or adopted).
-#[derive(Debug)]
-struct Granted {
-    ttl: i64,
-    kept: Instant,
-}
+use held::Leases;
 
-/// The target leases of this run: the keeper's state.
-#[derive(Debug, Default)]
-struct Leases {
-    enabled: bool,
-    granted: BTreeMap<i64, Granted>,
-    /// Source leases found gone, with the source revision they were seen gone at.
-    gone: Vec<(i64, i64)>,
-    /// Grants since the agent started.
-    pub granted_total: u64,
-    /// Revokes since the agent started.
-    pub revoked_total: u64,
-    /// The longest time since a live lease was last kept alive, at the last tick.
-    pub keepalive_lag: Duration,
-    /// Not before this does the next tick run (a second apart, whoever calls).
-    next_tick: Option<Instant>,
-}
-
-/// What a look at one lease found ([`Leases::tick`]).
-enum Looked {
-    /// Kept alive on the target.
-    Kept(i64),
-    /// The source's is gone, seen at this source revision.
-    Gone(i64, i64),
-    /// The source's lives; the target no longer knows it (a keep-alive answered TTL 0).
-    Lapsed(i64),
-}
-
-impl Leases {
-    /// `enabled`: `sync.leases = "preserve"`.
-    fn new(enabled: bool) -> Leases {
-        Leases { enabled, ..Leases::default() }
-    }
-
-    /// Whether puts of source lease `id` carry it to the target.
-    fn attached(&self, id: i64) -> bool {
-        self.enabled && self.granted.contains_key(&id)
-    }
-
-    /// Leases this run keeps on the target.
-    fn preserved(&self) -> usize {
-        self.granted.len()
-    }
-
-    /// At start: what the link holds, from the leases the keys of both ranges carry
-    /// (`in_source`: source keys at the watermark; `in_target`: target keys now; module doc).
-    /// A target lease with the same ID and TTL as a live source lease is adopted and kept
-    /// alive from now on; one whose source lease is gone is revoked once the watermark passes
-    /// the revision it was seen gone at. Returns the source leases that live and carry keys of
-    /// the range but that the target does not hold: they ran out there meanwhile (or were never
-    /// granted, after a switch from `strip`); the caller grants them and puts their keys back.
-    async fn adopt(
-        &mut self,
-        source: &Client,
-        target: &Client,
-        in_source: &BTreeSet<i64>,
-        in_target: &BTreeSet<i64>,
-        timeout: Duration,
-    ) -> Result<Vec<i64>, EngineError> {
-        if !self.enabled {
-            return Ok(Vec::new());
-        }
-        let ids: BTreeSet<i64> = in_source.union(in_target).copied().collect();
-        let looks: Vec<(i64, Result<BothTtls, EtcdError>)> = futures::stream::iter(ids)
-            .map(|id| async move {
-                let both = async {
-                    Ok((
-                        ttl_of(source, Side::Source, id, timeout).await?,
-                        ttl_of(target, Side::Target, id, timeout).await?,
-                    ))
-                };
-                (id, both.await)
-            })
-            .buffer_unordered(LOOKS_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut lapsed = Vec::new();
-        for (id, look) in looks {
-            match look? {
-                (Ttl { granted: Some(s), .. }, Ttl { granted: Some(t), .. }) if s == t => {
-                    self.granted.insert(id, Granted { ttl: s, kept: Instant::now() });
-                }
-                // Another TTL: not this link's; a write under it meets `LeaseConflict`.
-                (Ttl { granted: Some(_), .. }, Ttl { granted: Some(_), .. }) => {}
-                (Ttl { granted: Some(_), .. }, Ttl { granted: None, .. }) if in_source.contains(&id) => {
-                    lapsed.push(id)
-                }
-                (Ttl { granted: None, at }, Ttl { granted: Some(_), .. }) => self.gone.push((id, at)),
-                _ => {}
-            }
-        }
-        lapsed.sort_unstable();
-        if !self.granted.is_empty() {
-            info!(leases = self.granted.len(), "adopted the target leases of an earlier run");
-        }
-        Ok(lapsed)
-    }
-
-    /// Grants on the target every source lease `ops` put keys under that it does not hold yet.
-    /// A source lease already gone is not granted: its keys go without it, and its expiry's
-    /// deletes follow.
-    async fn ensure(
-        &mut self,
-        source: &Client,
-        target: &Client,
-        ops: &[Op],
-        timeout: Duration,
-    ) -> Result<(), EngineError> {
-        let ids: Vec<i64> = leases_of(ops).collect();
-        self.ensure_ids(source, target, ids, timeout).await
-    }
-
-    /// [`Leases::ensure`] for lease IDs.
-    async fn ensure_ids(
-        &mut self,
-        source: &Client,
-        target: &Client,
-        ids: impl IntoIterator<Item = i64>,
-        timeout: Duration,
-    ) -> Result<(), EngineError> {
-        if !self.enabled {
-            return Ok(());
-        }
-        let wanted: HashSet<i64> = ids.into_iter().filter(|id| !self.granted.contains_key(id)).collect();
-        // Concurrently: a grant is a raft proposal, and a chunk of a scan can name a thousand
-        // leases; one at a time they cost more than the chunk's own Txn.
-        let outcomes: Vec<(i64, Result<Option<Grant>, EngineError>)> = futures::stream::iter(wanted)
-            .map(|id| async move { (id, grant_same(source, target, id, timeout).await) })
-            .buffer_unordered(LOOKS_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut first_error = None;
-        for (id, outcome) in outcomes {
-            match outcome {
-                Ok(Some(grant)) => {
-                    self.granted_total += u64::from(grant.new);
-                    self.granted.insert(id, Granted { ttl: grant.ttl, kept: Instant::now() });
-                }
-                Ok(None) => {}
-                Err(e) => first_error = first_error.or(Some(e)),
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-
-    /// The target answered that a lease `ops` put keys under does not exist: it ran out there
-    /// (the target cut off, or the agent stopped, for longer than its TTL). Forgets every lease
-    /// of `ops` (the answer does not say which), so [`Leases::ensure`] grants them again, and
-    /// returns their IDs.
-    fn lapsed(&mut self, ops: &[Op]) -> Vec<i64> {
-        let named: HashSet<i64> = leases_of(ops).collect();
-        self.granted.retain(|id, _| !named.contains(id));
-        let mut named: Vec<i64> = named.into_iter().collect();
-        named.sort_unstable();
-        named
-    }
-
-    /// Looks at the leases that are due (module doc): keeps alive those whose source lease
-    /// lives, marks the others gone, and revokes those the watermark has passed. Returns the
-    /// leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
-    /// again and puts their keys back.
-    async fn tick(
-        &mut self,
-        source: &Client,
-        target: &Client,
-        watermark: i64,
-        every: Duration,
-        timeout: Duration,
-    ) -> Result<Vec<i64>, EngineError> {
-        let now = Instant::now();
-        if !self.enabled
-            || (self.granted.is_empty() && self.gone.is_empty())
-            || self.next_tick.is_some_and(|next| now < next)
-        {
-            return Ok(Vec::new());
-        }
-        self.next_tick = Some(now + Duration::from_secs(1));
-        let mut lag = Duration::ZERO;
-        let mut due = Vec::new();
-        for (id, g) in &self.granted {
-            let spacing = every.min(Duration::from_secs(g.ttl.max(1) as u64) / 3);
-            if now.duration_since(g.kept) >= spacing {
-                due.push(*id);
-            }
-            lag = lag.max(now.duration_since(g.kept));
-        }
-        self.keepalive_lag = lag;
-        let looks: Vec<Result<Looked, EngineError>> = futures::stream::iter(due)
-            .map(|id| look_at(source, target, id, timeout))
-            .buffer_unordered(LOOKS_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut lapsed = Vec::new();
-        let mut first_error = None;
-        for look in looks {
-            match look {
-                Ok(Looked::Kept(id)) => {
-                    if let Some(g) = self.granted.get_mut(&id) {
-                        g.kept = now;
-                    }
-                }
-                Ok(Looked::Gone(id, at)) => {
-                    self.granted.remove(&id);
-                    self.gone.push((id, at));
-                }
-                Ok(Looked::Lapsed(id)) => {
-                    self.granted.remove(&id);
-                    lapsed.push(id);
-                }
-                Err(e) => first_error = first_error.or(Some(e)),
-            }
-        }
-        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
-        self.gone = waiting;
-        for (id, _) in ready {
-            match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
-                Ok(_) => self.revoked_total += 1,
-                Err(e) if e.fault == Fault::LeaseNotFound => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        lapsed.sort_unstable();
-        match first_error {
-            // The lapsed are forgotten: say so before the error ends the round.
-            Some(e) if lapsed.is_empty() => Err(e),
-            _ => Ok(lapsed),
-        }
-    }
-}
-
-/// One due lease: its source TTL, then one keep-alive on the target while the source's lives.
-async fn look_at(
-    source: &Client,
-    target: &Client,
-    id: i64,
-    timeout: Duration,
-) -> Result<Looked, EngineError> {
-    let ttl = ttl_of(source, Side::Source, id, timeout).await?;
-    if ttl.granted.is_none() {
-        return Ok(Looked::Gone(id, ttl.at));
-    }
-    // A stream for one request: etcd-client sends the request, reads the answer and fails
-    // with "lease not found" on a TTL of 0.
-    match unary("lease keep-alive", Side::Target, timeout, target.lease_client().keep_alive(id)).await {
-        Ok(_) => Ok(Looked::Kept(id)),
-        Err(e) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
-        Err(e) => Err(e.into()),
-    }
-}
+use super::EngineError;
 
 /// The lease keeper of one connected run: the target leases the link holds ([`Leases`]), the
 /// two clients it asks, and the `[sync]` settings it needs (handed over at construction and at
-/// every reload, [`LeaseKeeper::configure`]). The engine hands it the ops of each Txn before the
-/// Txn is sent and the watermark at each round; what it tells back is whether keys were lost on
-/// the target that a reconcile pass must put back. It reports `leases` of the status itself.
+/// every reload, [`LeaseKeeper::configure`]). The engine asks it for the etcd ops of each Txn
+/// ([`LeaseKeeper::txn_ops`]: the leases they need granted first); from the claim on, its own
+/// task keeps the leases alive and revokes those whose expiry the watermark has passed, every
+/// second, whatever the engine is doing (a scan, a sweep, a reconcile pass, a Txn waiting on a
+/// slow target). What it tells back ([`LeaseKeeper::news`]) is whether keys were lost on the
+/// target that a reconcile pass must put back, or why it stopped. The task ends with the keeper,
+/// which is dropped with the run: only the fence holder keeps leases. It reports `leases` of
+/// the status itself.
 pub(super) struct LeaseKeeper {
-    held: Leases,
+    shared: Arc<Shared>,
+    /// What the task has to say; none before the claim.
+    news: Option<mpsc::UnboundedReceiver<LeaseNews>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// What the task says.
+#[derive(Debug)]
+pub(super) enum LeaseNews {
+    /// A keep-alive found a target lease run out; it is granted again, and a reconcile pass is
+    /// owed to put back the keys its expiry deleted.
+    RepairOwed,
+    /// A round failed; the task has stopped (the run ends with this error, as a failed write
+    /// would).
+    Failed(EngineError),
+}
+
+/// What the engine's calls and the task share.
+struct Shared {
+    held: tokio::sync::Mutex<Leases>,
     source: Client,
     target: Client,
-    sync: SyncSection,
+    /// The settings in force; a reload replaces them.
+    sync: tokio::sync::watch::Sender<SyncSection>,
     status: StatusHandle,
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 impl LeaseKeeper {
     /// A keeper holding nothing yet; it does anything only under `sync.leases = "preserve"`.
     pub fn new(sync: &SyncSection, source: Client, target: Client, status: StatusHandle) -> LeaseKeeper {
-        let held = Leases::new(sync.leases == LeaseMode::Preserve);
-        LeaseKeeper { held, source, target, sync: sync.clone(), status }
+        let held = tokio::sync::Mutex::new(Leases::new(sync.leases == LeaseMode::Preserve));
+        let sync = tokio::sync::watch::Sender::new(sync.clone());
+        LeaseKeeper {
+            shared: Arc::new(Shared { held, source, target, sync, status }),
+            news: None,
+            task: None,
+        }
     }
 
     /// A reload's `[sync]`: deadlines, the keep-alive spacing and page sizes apply from the
-    /// next call (the mode itself cannot change live).
-    pub fn configure(&mut self, sync: &SyncSection) {
-        self.sync = sync.clone();
+    /// next call or round (the mode itself cannot change live).
+    pub fn configure(&self, sync: &SyncSection) {
+        self.shared.sync.send_replace(sync.clone());
     }
 
-    fn timeout(&self) -> Duration {
-        self.sync.request_timeout.get()
-    }
-
-    /// Grants the leases `ops` need on the target before they are written.
-    pub async fn ensure(&mut self, ops: &[Op]) -> Result<(), EngineError> {
-        let timeout = self.timeout();
-        self.held.ensure(&self.source, &self.target, ops, timeout).await?;
-        self.report();
-        Ok(())
+    /// The etcd ops of `ops`, each put with its lease where the target holds it, after granting
+    /// on the target every lease they need that it does not hold yet.
+    pub async fn txn_ops(&self, ops: &[Op]) -> Result<Vec<etcd_client::TxnOp>, EngineError> {
+        let shared = &self.shared;
+        let timeout = shared.timeout();
+        let mut held = shared.held.lock().await;
+        held.ensure(&shared.source, &shared.target, ops, timeout).await?;
+        let txn = ops.iter().map(|op| op.to_txn_op_with(|id| held.attached(id))).collect();
+        shared.report(&held);
+        Ok(txn)
     }
 
     /// At the claim of `record`: what the link holds on the target ([`Leases::adopt`]), from
     /// keys-only reads of the source range where the target holds a copy (`windows`, cut at
     /// the scan cursor) and of the whole destination range (`target_windows`). Leases that ran
     /// out there meanwhile are granted again; true when so, and a reconcile pass is owed before
-    /// the tail reports caught up.
+    /// the tail reports caught up. Then starts the task, which reads the watermark from
+    /// `watermarks` (the fenced writer's).
     pub async fn claim(
         &mut self,
         record: &Checkpoint,
         windows: &[KeyRange],
         target_windows: Vec<KeyRange>,
+        watermarks: tokio::sync::watch::Receiver<i64>,
     ) -> Result<bool, EngineError> {
-        if self.sync.leases != LeaseMode::Preserve {
+        let shared = self.shared.clone();
+        if shared.sync().leases != LeaseMode::Preserve {
             return Ok(false);
         }
         let watermark = record.watermark;
         let copied = copied_windows(windows, record.scanning, &record.scan_cursor);
-        let in_source = match self.leases_in(Side::Source, copied.clone(), watermark).await {
-            Err(e) if e.fault == Fault::Compacted => self.leases_in(Side::Source, copied, 0).await?,
+        let in_source = match shared.leases_in(Side::Source, copied.clone(), watermark).await {
+            Err(e) if e.fault == Fault::Compacted => shared.leases_in(Side::Source, copied, 0).await?,
             found => found?,
         };
-        let in_target = self.leases_in(Side::Target, target_windows, 0).await?;
-        let timeout = self.timeout();
-        let lapsed = self.held.adopt(&self.source, &self.target, &in_source, &in_target, timeout).await?;
+        let in_target = shared.leases_in(Side::Target, target_windows, 0).await?;
+        let timeout = shared.timeout();
+        let mut held = shared.held.lock().await;
+        let lapsed = held.adopt(&shared.source, &shared.target, &in_source, &in_target, timeout).await?;
         let owed = !lapsed.is_empty();
         if owed {
-            self.regrant(lapsed, "found at start").await?;
+            shared.regrant(&mut held, lapsed, "found at start").await?;
         }
-        self.report();
+        shared.report(&held);
+        drop(held);
+        let (tell, news) = mpsc::unbounded_channel();
+        self.news = Some(news);
+        self.task = Some(tokio::spawn(keep(shared, watermarks, tell)));
         Ok(owed)
+    }
+
+    /// A write met `requested lease not found`: a target lease of `ops` ran out. Grants them
+    /// again (the retry then lands, its keys under the same IDs); a reconcile pass is owed (the
+    /// returned true): the expiry deleted every target key under the lease, and this write puts
+    /// back only its own.
+    pub async fn lapsed(&self, ops: &[Op]) -> Result<bool, EngineError> {
+        let mut held = self.shared.held.lock().await;
+        let lapsed = held.lapsed(ops);
+        self.shared.regrant(&mut held, lapsed, "a write met 'requested lease not found'").await?;
+        self.shared.report(&held);
+        Ok(true)
+    }
+
+    /// The task's next news; never, before the claim or once the task has said why it stopped.
+    pub async fn news(&mut self) -> LeaseNews {
+        match self.news.as_mut() {
+            Some(news) => match news.recv().await {
+                Some(said) => said,
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The task: a round every [`LEASE_ROUND`] at the fenced writer's watermark, until a round
+/// fails or the keeper is dropped.
+async fn keep(
+    shared: Arc<Shared>,
+    watermarks: tokio::sync::watch::Receiver<i64>,
+    tell: mpsc::UnboundedSender<LeaseNews>,
+) {
+    let mut every = tokio::time::interval(LEASE_ROUND);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let watermark = *watermarks.borrow();
+        match shared.round(watermark).await {
+            Ok(false) => {}
+            Ok(true) => {
+                if tell.send(LeaseNews::RepairOwed).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = tell.send(LeaseNews::Failed(e));
+                return;
+            }
+        }
+    }
+}
+
+/// How often the task looks at the leases: each is kept alive when due (every third of its TTL,
+/// at most `progress_interval` apart), so a second is the resolution.
+const LEASE_ROUND: Duration = Duration::from_secs(1);
+
+impl Shared {
+    fn sync(&self) -> SyncSection {
+        self.sync.borrow().clone()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.sync.borrow().request_timeout.get()
     }
 
     /// The leases the keys of `windows` on `side` carry, read keys-only (at `revision`; 0 for
@@ -379,7 +238,7 @@ impl LeaseKeeper {
         windows: Vec<KeyRange>,
         revision: i64,
     ) -> Result<BTreeSet<i64>, EtcdError> {
-        let sync = &self.sync;
+        let sync = self.sync();
         let opts =
             PagerOptions::new("lease scan", sync.page_key_limit, sync.page_bytes.0 as usize, self.timeout())
                 .at_revision(revision)
@@ -393,58 +252,41 @@ impl LeaseKeeper {
         Ok(found)
     }
 
-    /// A write met `requested lease not found`: a target lease of `ops` ran out. Grants them
-    /// again (the retry then lands, its keys under the same IDs); a reconcile pass is owed (the
-    /// returned true): the expiry deleted every target key under the lease, and this write puts
-    /// back only its own.
-    pub async fn lapsed(&mut self, ops: &[Op]) -> Result<bool, EngineError> {
-        let lapsed = self.held.lapsed(ops);
-        self.regrant(lapsed, "a write met 'requested lease not found'").await?;
-        Ok(true)
-    }
-
     /// Target leases `lapsed` ran out (`how` it was seen): grant them again.
-    async fn regrant(&mut self, lapsed: Vec<i64>, how: &str) -> Result<(), EngineError> {
+    async fn regrant(&self, held: &mut Leases, lapsed: Vec<i64>, how: &str) -> Result<(), EngineError> {
         warn!(
             ?lapsed,
             how,
             "a target lease ran out (cut off from the target, or stopped, for longer than its TTL): \
              granting it again; a reconcile pass puts back the keys its expiry deleted"
         );
-        let timeout = self.timeout();
-        self.held.ensure_ids(&self.source, &self.target, lapsed, timeout).await?;
-        self.report();
-        Ok(())
+        held.ensure_ids(&self.source, &self.target, lapsed, self.timeout()).await
     }
 
     /// A round at `watermark`: keep-alives due, revokes the watermark has passed, and leases a
     /// keep-alive found lapsed granted again (then true: a reconcile pass is owed).
-    pub async fn round(&mut self, watermark: i64) -> Result<bool, EngineError> {
-        let (every, timeout) = (self.sync.progress_interval.get(), self.timeout());
-        let lapsed = self.held.tick(&self.source, &self.target, watermark, every, timeout).await?;
+    async fn round(&self, watermark: i64) -> Result<bool, EngineError> {
+        let sync = self.sync();
+        let (every, timeout) = (sync.progress_interval.get(), sync.request_timeout.get());
+        let mut held = self.held.lock().await;
+        let lapsed = held.tick(&self.source, &self.target, watermark, every, timeout).await?;
         let owed = !lapsed.is_empty();
         if owed {
-            self.regrant(lapsed, "a keep-alive answered TTL 0").await?;
+            self.regrant(&mut held, lapsed, "a keep-alive answered TTL 0").await?;
         }
-        self.report();
+        self.report(&held);
         Ok(owed)
     }
 
     /// `leases` of the status.
-    fn report(&self) {
-        let l = &self.held;
+    fn report(&self, held: &Leases) {
         let now = mirror_core::LeaseStatus {
-            preserved: l.preserved() as u64,
-            granted_total: l.granted_total,
-            revoked_total: l.revoked_total,
-            keepalive_lag_seconds: l.keepalive_lag.as_secs_f64(),
+            preserved: held.preserved() as u64,
+            granted_total: held.granted_total,
+            revoked_total: held.revoked_total,
+            keepalive_lag_seconds: held.keepalive_lag.as_secs_f64(),
         };
         self.status.write().expect("status lock").leases = now;
-    }
-
-    /// The etcd ops of `ops`, each put with its lease where the target holds it.
-    pub fn txn_ops(&self, ops: &[Op]) -> Vec<etcd_client::TxnOp> {
-        ops.iter().map(|op| op.to_txn_op_with(|id| self.held.attached(id))).collect()
     }
 }
 
@@ -466,66 +308,6 @@ fn copied_windows(windows: &[KeyRange], scanning: bool, cursor: &[u8]) -> Vec<Ke
         .filter(|w| w.start < end)
         .map(|w| KeyRange { start: w.start.clone(), end: cut(w) })
         .collect()
-}
-
-/// The source leases the puts of `ops` name (with repeats).
-fn leases_of(ops: &[Op]) -> impl Iterator<Item = i64> + '_ {
-    ops.iter().filter_map(|op| match op {
-        Op::Put { lease, .. } if *lease != 0 => Some(*lease),
-        _ => None,
-    })
-}
-
-/// Lease grants and looks in flight at once.
-const LOOKS_IN_FLIGHT: usize = 128;
-
-/// A target lease as [`grant_same`] left it.
-struct Grant {
-    ttl: i64,
-    /// Granted now, not found there already.
-    new: bool,
-}
-
-/// Grants on the target source lease `id` with its granted TTL; `None` when the source lease
-/// is already gone. The same ID already there with the same TTL is ours (an earlier grant whose
-/// answer was lost, or an earlier run's); with another TTL it is a `LeaseConflict`.
-async fn grant_same(
-    source: &Client,
-    target: &Client,
-    id: i64,
-    timeout: Duration,
-) -> Result<Option<Grant>, EngineError> {
-    let Some(ttl) = ttl_of(source, Side::Source, id, timeout).await?.granted else { return Ok(None) };
-    let opts = LeaseGrantOptions::new().with_id(id);
-    match unary("lease grant", Side::Target, timeout, target.lease_client().grant(ttl, Some(opts))).await {
-        Ok(_) => Ok(Some(Grant { ttl, new: true })),
-        Err(e) if e.fault == Fault::LeaseExists => {
-            let theirs = ttl_of(target, Side::Target, id, timeout).await?.granted.unwrap_or(0);
-            if theirs != ttl {
-                return Err(Refusal::LeaseConflict { id, source_ttl: ttl, target_ttl: theirs }.into());
-            }
-            Ok(Some(Grant { ttl, new: false }))
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// A lease's TTL on the source and on the target.
-type BothTtls = (Ttl, Ttl);
-
-/// One `LeaseTimeToLive` answer.
-struct Ttl {
-    /// The lease's granted TTL; `None` when the side does not know it.
-    granted: Option<i64>,
-    /// The revision the answer was made at.
-    at: i64,
-}
-
-/// A lease's granted TTL on a side, asked without keys (needs only authentication, SPEC §11).
-async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Result<Ttl, EtcdError> {
-    let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
-    let at = resp.header().map_or(0, |h| h.revision());
-    Ok(Ttl { granted: (resp.ttl() >= 0).then_some(resp.granted_ttl()), at })
 }
 
 #[cfg(test)]

@@ -30,8 +30,9 @@
 //! - `settle`: completing an initial sync or a drain on an idle source by comparison.
 //! - `confirm`: `confirmed_time`, when the source was last seen at or below the watermark.
 //! - `leases`: the [`leases::LeaseKeeper`], a component of its own (no `impl Run`): it owns the
-//!   target leases of a run, its two clients and its settings; the engine hands it each Txn's
-//!   ops and the watermark, and it answers whether a reconcile pass is owed.
+//!   target leases of a run, its two clients and its settings, and from the claim on keeps them
+//!   alive on a task of its own; the engine asks it for each Txn's etcd ops, and it tells the
+//!   tail when a reconcile pass is owed or why it stopped.
 //!
 //! ## Why `scan_end` and not R0 ends the initial sync
 //! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
@@ -128,15 +129,11 @@ const SCAN_SPAN_TXNS: usize = 256;
 /// Bytes that end a scan span early (large values), so a restart redoes at most this much.
 const SCAN_SPAN_BYTES: usize = 32 << 20;
 /// Time that ends a scan span (a paced or slow scan), so a restart redoes at most this much
-/// writing. `initial_sync.keys` moves with every Txn that lands and the keep-alives every
-/// [`PASS_LEASE_TICK`], so neither waits for a span end. It was 1 s while they did: a
+/// writing. `initial_sync.keys` moves with every Txn that lands and the keep-alives run on the
+/// lease keeper's own task, so neither waits for a span end. It was 1 s while they did: a
 /// 100 000 x 256 B sync (1.5 s) then paid 61-98 ms at its one mid-scan span end, the writes
 /// drained and the checkpoint alone in flight.
 const SCAN_SPAN_TIME: Duration = Duration::from_secs(5);
-/// How often a long pass on the engine's task (the scan, the prune sweep, a reconcile pass)
-/// keeps the target leases alive: the tail's own tick does not run meanwhile, and a lease
-/// whose TTL ran out on the target takes its keys with it while the source's still lives.
-const PASS_LEASE_TICK: Duration = Duration::from_secs(1);
 
 /// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
 const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
@@ -149,9 +146,6 @@ const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// How often it probes while a member does not answer, so `MemberUnreachable` clears within a
 /// few seconds of the member answering again.
 const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
-/// How often the tail looks at the preserved leases (`leases`): each is kept alive when due
-/// (every third of its TTL, at most `progress_interval` apart), so a second is the resolution.
-const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -486,13 +480,6 @@ impl Run<'_> {
 
     fn writer(&mut self) -> &mut FencedWriter {
         self.writer.as_mut().expect("fence claimed before any write")
-    }
-
-    /// The lease keeper's round at the watermark; a lapse it found owes a reconcile pass.
-    async fn lease_round(&mut self) -> Result<(), EngineError> {
-        let watermark = self.writer().record().watermark;
-        self.engine.repair_owed |= self.leases.round(watermark).await?;
-        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::decide::paced_repair_drops_watch;
-use super::{EngineError, Refusal, Run, PASS_LEASE_TICK};
+use super::{EngineError, Refusal, Run};
 
 impl Run<'_> {
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
@@ -35,15 +35,9 @@ impl Run<'_> {
             self.page_options("sweep page"),
         );
         let mut deleted = 0u64;
-        let mut kept = Instant::now();
         info!("prune sweep started");
         loop {
             self.engine.stop_if_shutting_down()?;
-            if kept.elapsed() >= PASS_LEASE_TICK {
-                // A sweep of many orphans (paced, or on a slow target) outlasts short TTLs.
-                self.lease_round().await?;
-                kept = Instant::now();
-            }
             if self.buffering_ended() {
                 // The watch buffer is full (or the watch ended): genesis restarts; a sweep
                 // that went on would leave the watch unread (see `buffering`).
@@ -210,21 +204,11 @@ impl Run<'_> {
         let differ = self.differ_at_watermark().with_leases(preserve);
         let mut repairs = Repairs::new(differ, self.chunker(), |_: &[u8], _| delete_orphans);
         let mut repaired = 0u64;
-        let mut keep_alive = tokio::time::interval(PASS_LEASE_TICK);
-        keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.engine.stop_if_shutting_down()?;
             // On a consistent range one `next_chunk` reads the whole of it (seconds to minutes
-            // for millions of keys): the leases are kept alive beside it, not between chunks.
-            let next = repairs.next_chunk();
-            tokio::pin!(next);
-            let next = loop {
-                tokio::select! {
-                    biased;
-                    _ = keep_alive.tick() => self.lease_round().await?,
-                    next = &mut next => break next,
-                }
-            };
+            // for millions of keys): the lease keeper's task keeps the leases alive meanwhile.
+            let next = repairs.next_chunk().await;
             let chunk = match next {
                 Ok(chunk) => chunk,
                 Err(e) if e.side == Side::Source && e.fault == Fault::FutureRevision => {

@@ -277,7 +277,8 @@ impl Run<'_> {
         let record = self.writer().record().clone();
         let (windows, target_windows) =
             (self.engine.rewriter.scan_windows(), self.engine.rewriter.target_windows());
-        self.engine.repair_owed |= self.leases.claim(&record, &windows, target_windows).await?;
+        let watermarks = self.writer().watermarks();
+        self.engine.repair_owed |= self.leases.claim(&record, &windows, target_windows, watermarks).await?;
         Ok(())
     }
 

@@ -12,10 +12,10 @@ use tracing::{debug, info};
 
 use super::buffering::watch_error;
 use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, ReconcileClock, Reply};
+use super::leases::LeaseNews;
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, Run,
-    FENCE_CHECK_INTERVAL, LEASE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL,
-    TLS_CHECK_INTERVAL,
+    FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL, TLS_CHECK_INTERVAL,
 };
 
 impl Run<'_> {
@@ -47,8 +47,6 @@ impl Run<'_> {
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
         let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
-        let mut lease_check = tokio::time::interval(LEASE_CHECK_INTERVAL);
-        let leases = self.cfg().sync.leases == mirror_core::LeaseMode::Preserve;
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -125,8 +123,11 @@ impl Run<'_> {
                     reconcile_clock.passed(Instant::now());
                     continue;
                 }
-                _ = lease_check.tick(), if leases => {
-                    self.lease_round().await?;
+                news = self.leases.news() => {
+                    match news {
+                        LeaseNews::RepairOwed => self.engine.repair_owed = true,
+                        LeaseNews::Failed(e) => return Err(e),
+                    }
                     continue;
                 }
                 _ = progress.tick() => {

@@ -135,7 +135,10 @@ impl Engine {
                     return;
                 }
                 Some(LinkEnd::Fenced(reason, message)) => {
-                    error!(%reason, "fenced: {message}; resigning the HA election and campaigning again");
+                    error!(
+                        reason = reason.as_str(),
+                        "fenced: {message}; resigning the HA election and campaigning again"
+                    );
                     leadership.resign(timeout).await;
                     standby_reason = (reason, "another writer holds the fence");
                     let Action::RetryAfter(delay) = wait.on_error(ErrorClass::Transient) else { return };

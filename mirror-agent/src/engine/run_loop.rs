@@ -117,7 +117,10 @@ impl Engine {
                     if self.cfg.ha.enabled {
                         return LinkEnd::Fenced(reason, err.to_string());
                     }
-                    error!(%reason, "fenced: {err}; entering cold standby, no further writes");
+                    error!(
+                        reason = reason.as_str(),
+                        "fenced: {err}; entering cold standby, no further writes"
+                    );
                     if self.standby(reason, &err.to_string()).await {
                         self.update(|s| {
                             s.set_condition(ConditionType::Fenced, false, Reason::TakingOver, "")
@@ -195,9 +198,17 @@ impl Engine {
         self.resyncs_in_a_row += 1;
         let looping = self.resyncs_in_a_row >= 3;
         if forced {
-            warn!(%reason, in_a_row = self.resyncs_in_a_row, "forced resync: fresh genesis with prune");
+            warn!(
+                reason = reason.as_str(),
+                in_a_row = self.resyncs_in_a_row,
+                "forced resync: fresh genesis with prune"
+            );
         } else {
-            warn!(%reason, in_a_row = self.resyncs_in_a_row, "restarting genesis from a fresh R0");
+            warn!(
+                reason = reason.as_str(),
+                in_a_row = self.resyncs_in_a_row,
+                "restarting genesis from a fresh R0"
+            );
         }
         let mut latched_now = false;
         self.update(|s| {
@@ -222,7 +233,10 @@ impl Engine {
             }
         });
         if latched_now {
-            error!(%reason, "resync loop: the source changes or compacts faster than the agent can scan");
+            error!(
+                reason = reason.as_str(),
+                "resync loop: the source changes or compacts faster than the agent can scan"
+            );
         }
     }
 

@@ -129,7 +129,7 @@ impl Run<'_> {
                         Reason::ClusterChanged => "stored cluster ids differ from the connected clusters (a side was rebuilt or restored)",
                         _ => "the mirrored range changed since the checkpoint was written",
                     };
-                    warn!(%reason, require_empty, "{why}; forced resync with prune");
+                    warn!(reason = reason.as_str(), require_empty, "{why}; forced resync with prune");
                     self.engine.note_resync(reason, true);
                 }
                 if require_empty {

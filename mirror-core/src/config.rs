@@ -173,6 +173,24 @@ pub struct SyncSection {
     pub max_lag: HumanDuration,
     /// What happens to the leases of source keys (SPEC §5, Leases).
     pub leases: LeaseMode,
+    /// What the target's revisions mean: `compact` (the link's own) or `exact` (each source
+    /// revision R lands as target revision R, SPEC §10; docs/exact-revisions.md).
+    pub revisions: Revisions,
+    /// Exact mode: the TTL of every target lease the agent grants (or the source's TTL where
+    /// longer), so that no target lease runs out while every agent is down this long.
+    pub exact_lease_hold: HumanDuration,
+}
+
+/// `sync.revisions`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Revisions {
+    /// Target revisions are the link's own: revisions fold into Txns, the scan writes pages.
+    #[default]
+    Compact,
+    /// Source revision R is target revision R: a replica of the whole keyspace, seeded from a
+    /// snapshot, one target Txn per source revision.
+    Exact,
 }
 
 impl Default for SyncSection {
@@ -193,6 +211,8 @@ impl Default for SyncSection {
             trust_progress_notify: TrustProgressNotify::Auto,
             max_lag: HumanDuration::secs(300),
             leases: LeaseMode::Strip,
+            revisions: Revisions::Compact,
+            exact_lease_hold: HumanDuration::secs(3600),
         }
     }
 }
@@ -408,8 +428,19 @@ impl Config {
         )
     }
 
-    /// The checkpoint key: configured, or the reserved namespace's `checkpoint`.
+    /// Whether source revision R is target revision R (`sync.revisions = "exact"`).
+    pub fn exact(&self) -> bool {
+        self.sync.revisions == Revisions::Exact
+    }
+
+    /// The checkpoint key: configured, or the reserved namespace's `checkpoint`; in exact
+    /// mode `\0etcd-mirror/<link_uid>/checkpoint`, naming the link, so that a chain's next
+    /// link (whose target is restored from this one's) never reads this record as its own.
     pub fn checkpoint_key(&self) -> Vec<u8> {
+        if self.exact() {
+            return [&self.rewriter().reserved_prefix()[..], self.link_uid.as_bytes(), b"/checkpoint"]
+                .concat();
+        }
         if self.checkpoint.key.is_empty() {
             self.rewriter().default_checkpoint_key()
         } else {

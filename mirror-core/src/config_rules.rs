@@ -37,6 +37,54 @@ impl Config {
         self.http.check(v);
         self.check_checkpoint_key(v);
         self.check_direction(v);
+        self.check_exact(v);
+    }
+
+    /// Exact mode (SPEC §10) mirrors a restore of the whole keyspace that only the link writes:
+    /// every field that would narrow the range, seed it another way or have the link write
+    /// outside its one Txn per revision is named.
+    fn check_exact(&self, v: &mut Rules) {
+        if !self.exact() {
+            return;
+        }
+        const WHY: &str = "with sync.revisions = \"exact\"";
+        for (field, prefix) in [
+            ("source.prefix", &self.source.prefix),
+            ("target.prefix", &self.target.prefix),
+            ("sync.dest_prefix", &self.sync.dest_prefix),
+        ] {
+            if !prefix.is_empty() {
+                v.add(field, format!("must be \"\" {WHY}: a restored target holds the whole keyspace"));
+            }
+        }
+        if !self.sync.exclude_prefixes.is_empty() {
+            v.add("sync.exclude_prefixes", format!("must be empty {WHY}: a restored target holds every key"));
+        }
+        if self.sync.leases != LeaseMode::Preserve {
+            v.add("sync.leases", format!("must be \"preserve\" {WHY}: every key keeps its lease ID"));
+        }
+        if self.initial_sync != InitialSync::default() {
+            v.add(
+                "initial_sync",
+                format!("must be left out {WHY}: the target is seeded from a snapshot (mirror-agent snapshot save)"),
+            );
+        }
+        if !self.checkpoint.key.is_empty() {
+            v.add(
+                "checkpoint.key",
+                format!(
+                    "must be left out {WHY}: the record lives at \\u0000etcd-mirror/<link_uid>/checkpoint"
+                ),
+            );
+        }
+        if self.reconcile.delete_orphans {
+            v.add("reconcile.delete_orphans", format!("must be false {WHY}: reconcile only reads"));
+        }
+        if self.sync.exact_lease_hold.get().as_secs() < 60 {
+            v.add("sync.exact_lease_hold", "must be >= 60s (it is how long every agent may be down)");
+        } else if self.sync.exact_lease_hold.get().subsec_nanos() != 0 {
+            v.add("sync.exact_lease_hold", "must be whole seconds (etcd leases count seconds)");
+        }
     }
 
     /// A configured checkpoint key lies in this link's reserved namespace.

@@ -322,3 +322,58 @@ fn an_empty_password_file_is_a_config_error() {
     Config::load(&config).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A valid exact-mode file: the whole keyspace on both sides, leases preserved.
+const EXACT: &str = r#"
+link_uid = "k8s-dr"
+[source]
+endpoints = ["http://127.0.0.1:2379"]
+[target]
+endpoints = ["http://127.0.0.1:3379"]
+[sync]
+revisions = "exact"
+leases = "preserve"
+"#;
+
+/// SPEC §10: exact mode is a replica of the whole keyspace; `check-config` names every field
+/// that does not fit it, all at once, and the checkpoint key names the link.
+#[test]
+fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
+    let cfg = Config::from_toml_str(EXACT).unwrap();
+    cfg.validate().unwrap();
+    assert!(cfg.exact());
+    assert_eq!(cfg.sync.exact_lease_hold.get(), std::time::Duration::from_secs(3600));
+    assert_eq!(cfg.checkpoint_key(), b"\0etcd-mirror/k8s-dr/checkpoint");
+
+    let bad = EXACT
+        .replace("[source]\n", "[source]\nprefix = \"/registry/\"\n")
+        .replace("[target]\n", "[target]\nprefix = \"/registry/\"\n")
+        .replace(
+            "leases = \"preserve\"\n",
+            "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\n",
+        )
+        + "[initial_sync]\nmode = \"overwrite\"\n[checkpoint]\nkey = \"\\u0000etcd-mirror/cp\"\n\
+           [reconcile]\ndelete_orphans = true\n";
+    let fields: Vec<String> = violations(Config::from_toml_str(&bad).unwrap().validate())
+        .into_iter()
+        .filter(|v| v.rule.contains("exact") || v.field == "sync.exact_lease_hold")
+        .map(|v| v.field)
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "checkpoint.key",
+            "initial_sync",
+            "reconcile.delete_orphans",
+            "source.prefix",
+            "sync.dest_prefix",
+            "sync.exact_lease_hold",
+            "sync.exclude_prefixes",
+            "sync.leases",
+            "target.prefix",
+        ]
+    );
+    // Compact mode (the default) keeps its own checkpoint key.
+    let compact = Config::from_toml_str(&EXACT.replace("revisions = \"exact\"", "")).unwrap();
+    assert_eq!(compact.checkpoint_key(), b"\0etcd-mirror/checkpoint");
+}

@@ -27,6 +27,7 @@
 
 mod auth;
 mod backoff;
+mod change;
 mod condition;
 mod config;
 mod connect;
@@ -51,10 +52,11 @@ mod units;
 
 pub use auth::{read_password, Auth};
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy, ThrottleState};
+pub use change::{Change, ExactRevision};
 pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
     Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode, Mode,
-    Reconcile, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
+    Reconcile, Revisions, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
     connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy, unary,

@@ -116,6 +116,11 @@ reasons! {
         EtcdError: "the fence could not be read or written",
         RevisionTooLarge: "one source revision is more than the target takes in one Txn",
     }
+    "exact": {
+        ForeignWrite: "exact mode: something other than the link wrote the target, or a target lease ran out",
+        ReseedRequired: "exact mode: the target is not a restore of this source at a revision the source still holds",
+        RevisionMissing: "exact mode: a source revision never arrived on the watch of the whole keyspace",
+    }
     "refusal": {
         EmptyTargetViolation: "`require_empty` met keys in the destination range",
         TargetNotEmpty: "the destination range holds keys (`EmptyTargetViolation`)",

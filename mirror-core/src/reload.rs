@@ -54,11 +54,15 @@ impl Applies {
             "link_uid" | "checkpoint.key" | "ha.enabled" => Applies::Refused,
             // Keys outside the range would appear or vanish mid-stream; target leases are
             // granted (or not) for the whole run.
-            "sync.dest_prefix" | "sync.exclude_prefixes" | "sync.leases" => Applies::Refused,
-            "initial_sync.mode" | "initial_sync.start_revision" => Applies::NextGenesis,
-            "sync.max_txn_ops" | "sync.dial_timeout" | "sync.trust_progress_notify" | "ha.lease_ttl" => {
-                Applies::NextRun
+            "sync.dest_prefix" | "sync.exclude_prefixes" | "sync.leases" | "sync.revisions" => {
+                Applies::Refused
             }
+            "initial_sync.mode" | "initial_sync.start_revision" => Applies::NextGenesis,
+            "sync.max_txn_ops"
+            | "sync.dial_timeout"
+            | "sync.trust_progress_notify"
+            | "ha.lease_ttl"
+            | "sync.exact_lease_hold" => Applies::NextRun,
             "sync.txn_flush_bytes"
             | "sync.page_key_limit"
             | "sync.page_bytes"

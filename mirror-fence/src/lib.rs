@@ -21,6 +21,12 @@
 //! - [`FenceObserver`] sequences reads of the checkpoint so a stale answer never takes the
 //!   view backwards, and shares the first read among concurrent callers.
 //!
+//! - [`ExactFence`] builds exact mode's Txn of one source revision (SPEC §10): compares that
+//!   only its predecessor's landing satisfies and the source's view of every key it touches, so
+//!   source revision R lands as target revision R or not at all, and judges each answer (landed,
+//!   reordered, another replica ahead, a foreign write).
+//!
+
 //! ## What it deliberately does not do
 //! It does not decide what to do about a lost fence (standby, fail): it names the outcome with
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
@@ -29,6 +35,7 @@ mod checkpoint;
 mod commit_id;
 pub mod election;
 mod error;
+mod exact;
 mod nest;
 mod observed;
 mod observer;
@@ -37,6 +44,7 @@ mod writer;
 
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use error::FenceError;
+pub use exact::{Answer, ExactFence, Guard, Landing, RevisionTxn, Stamp};
 pub use nest::{nest, nested_txn_capacity, ops_per_level, plan, Slot, TooManyOps, NESTED_TXNS};
 pub use observed::{may_claim, read_checkpoint, read_checkpoint_since, Observed};
 pub use observer::FenceObserver;

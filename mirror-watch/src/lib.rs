@@ -38,6 +38,10 @@
 //! - [`read_history`] reads every write of a range between two revisions, and says what proved
 //!   it had all of them (the failback plan, module `history`).
 //!
+//! - [`ExactWatch`] (exact mode, SPEC §10) reads a watch of the whole keyspace with prev_kv as
+//!   whole revisions, each the one after the last: a revision number skipped is reported as
+//!   loss, never passed over.
+//!
 //! ## What it deliberately does not do
 //! It writes nothing: committing batches under the fence is the agent's job.
 
@@ -45,6 +49,7 @@ mod batch;
 mod buffer;
 mod coalesce;
 mod events;
+mod exact;
 mod forward;
 mod history;
 mod idle;
@@ -59,6 +64,7 @@ pub use coalesce::Coalescer;
 pub use events::{
     convert_events, fold_delete_runs, held_revision_bytes, Converted, Fragments, HELD_DELETE_BYTES,
 };
+pub use exact::{exact_revisions, ExactDelivery, ExactError, ExactWatch};
 pub use forward::{ForwardError, Forwarder, Watch};
 pub use history::{read_history, History, HistoryEnd, HistoryError, Next, Reading, Written};
 pub use idle::{prove_unchanged, IdleProof};

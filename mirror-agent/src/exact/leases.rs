@@ -1,0 +1,177 @@
+//! The target leases of an exact replica (SPEC §10, Leases): the same IDs as the source's,
+//! none of which may run out on the target while the link runs, for a lease that runs out
+//! deletes its keys at a target revision of its own.
+//! - Leases that came with the snapshot keep the TTL they have (etcd cannot lengthen one);
+//!   leases the agent grants get `sync.exact_lease_hold` (or the source's TTL where longer),
+//!   so they outlive an outage of every agent.
+//! - Every one is kept alive at a third of its TTL, and revoked only once the Txn that took its
+//!   last key has landed: then it holds no key, and a revoke adds no revision.
+//! - One that is found gone is a foreign write: its keys went at a revision the source never had.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions};
+use mirror_core::{unary, ExactRevision, Fault, Reason, Side};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::Stop;
+
+/// A target lease the link holds.
+#[derive(Debug)]
+struct Held {
+    /// Its granted TTL, seconds.
+    ttl: i64,
+    /// When it was last kept alive.
+    kept: Instant,
+    /// It came with the snapshot (its TTL is the source's, not the hold).
+    snapshot: bool,
+}
+
+/// The target leases of the link, with the clients that grant, keep and revoke them.
+pub(super) struct TargetLeases {
+    source: Client,
+    target: Client,
+    hold: i64,
+    timeout: Duration,
+    held: BTreeMap<i64, Held>,
+}
+
+impl TargetLeases {
+    /// Takes over every lease the target holds now and keeps each alive at once (a restored
+    /// target's leases start over at their TTL when it elects a leader; Kubernetes' master
+    /// leases live 15 s).
+    pub(super) async fn adopt(
+        source: Client,
+        target: Client,
+        hold: Duration,
+        timeout: Duration,
+    ) -> Result<TargetLeases, Stop> {
+        let hold = hold.as_secs() as i64;
+        let listed =
+            unary("list target leases", Side::Target, timeout, target.lease_client().leases()).await?;
+        let mut leases = TargetLeases { source, target, hold, timeout, held: BTreeMap::new() };
+        for lease in listed.leases() {
+            let id = lease.id();
+            let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
+            leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold });
+            leases.keep(id).await?;
+        }
+        info!(leases = leases.held.len(), "target leases adopted and kept alive");
+        Ok(leases)
+    }
+
+    /// Leases that came with the snapshot and are still held, and the shortest TTL among them.
+    pub(super) fn snapshot_leases(&self) -> (usize, Option<i64>) {
+        let snap = self.held.values().filter(|h| h.snapshot);
+        (snap.clone().count(), snap.map(|h| h.ttl).min())
+    }
+
+    /// Grants every lease the puts of `rev` name that the target does not hold yet, with the
+    /// same ID: for `sync.exact_lease_hold`, or the source's TTL where longer. "Already exists"
+    /// is an earlier grant whose answer was lost: it is held.
+    pub(super) async fn ensure(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
+        for change in &rev.changes {
+            let mirror_core::Change::Put { lease, .. } = change else { continue };
+            if *lease == 0 || self.held.contains_key(lease) {
+                continue;
+            }
+            let id = *lease;
+            let source_ttl = unary(
+                "lease ttl",
+                Side::Source,
+                self.timeout,
+                self.source.lease_client().time_to_live(id, None),
+            )
+            .await?
+            .granted_ttl();
+            let ttl = self.hold.max(source_ttl);
+            let opts = LeaseGrantOptions::new().with_id(id);
+            let mut client = self.target.lease_client();
+            let ttl =
+                match unary("lease grant", Side::Target, self.timeout, client.grant(ttl, Some(opts))).await {
+                    Ok(_) => ttl,
+                    Err(e) if e.fault == Fault::LeaseExists => self.ttl_of_target(id).await?.unwrap_or(ttl),
+                    Err(e) => return Err(e.into()),
+                };
+            debug!(lease = id, ttl, "target lease granted");
+            self.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: false });
+        }
+        Ok(())
+    }
+
+    /// After Txn `rev` landed: revokes each lease one of its changes left that holds no key on
+    /// the target any more (no key: the revoke adds no revision).
+    pub(super) async fn release(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
+        let left: std::collections::BTreeSet<i64> =
+            rev.changes.iter().map(mirror_core::Change::left_lease).filter(|l| *l != 0).collect();
+        for id in left {
+            let opts = LeaseTimeToLiveOptions::new().with_keys();
+            let mut client = self.target.lease_client();
+            let resp =
+                unary("lease keys", Side::Target, self.timeout, client.time_to_live(id, Some(opts))).await?;
+            if resp.ttl() < 0 {
+                return Err(self.ran_out(id));
+            }
+            if resp.keys().is_empty() {
+                match unary("lease revoke", Side::Target, self.timeout, client.revoke(id)).await {
+                    Ok(_) => {}
+                    Err(e) if e.fault == Fault::LeaseNotFound => return Err(self.ran_out(id)),
+                    Err(e) => return Err(e.into()),
+                }
+                debug!(lease = id, "target lease revoked: its last key is gone");
+                self.held.remove(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps alive every lease a third of whose TTL has passed since it was last kept.
+    pub(super) async fn keep_due(&mut self) -> Result<(), Stop> {
+        let due: Vec<i64> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.kept.elapsed() >= Duration::from_secs((h.ttl / 3).max(1) as u64))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.keep(id).await?;
+        }
+        Ok(())
+    }
+
+    async fn keep(&mut self, id: i64) -> Result<(), Stop> {
+        let mut client = self.target.lease_client();
+        match unary("lease keep-alive", Side::Target, self.timeout, client.keep_alive(id)).await {
+            Ok(_) => {}
+            Err(e) if e.fault == Fault::LeaseNotFound => return Err(self.ran_out(id)),
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(h) = self.held.get_mut(&id) {
+            h.kept = Instant::now();
+        }
+        Ok(())
+    }
+
+    fn ran_out(&self, id: i64) -> Stop {
+        let what = match self.held.get(&id) {
+            Some(h) if h.snapshot => format!("a lease that came with the snapshot (TTL {} s)", h.ttl),
+            _ => "a lease the link granted".to_owned(),
+        };
+        Stop::lost(
+            Reason::ForeignWrite,
+            format!(
+                "target lease {id:x}, {what}, ran out or was revoked: its keys went at a target revision the source \
+                 never had; re-seed the target"
+            ),
+        )
+    }
+
+    async fn ttl_of_target(&self, id: i64) -> Result<Option<i64>, Stop> {
+        let resp =
+            unary("lease ttl", Side::Target, self.timeout, self.target.lease_client().time_to_live(id, None))
+                .await?;
+        Ok((resp.ttl() >= 0).then_some(resp.granted_ttl()))
+    }
+}

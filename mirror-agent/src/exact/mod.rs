@@ -1,0 +1,125 @@
+//! Exact mode (`sync.revisions = "exact"`, SPEC §10): source revision R lands as target
+//! revision R. A loop over two states, each a type holding only its own state:
+//! - `seed::place`: where the target stands. A fresh restore is proven to be the source at
+//!   its revision R0 (or refused, naming what differs); a target the link already writes
+//!   resumes from its checkpoint.
+//! - `tail::Tail`: one fenced Txn per source revision ([`mirror_fence::ExactFence`]), fed by
+//!   the watch of the whole keyspace ([`mirror_watch::ExactWatch`]); the target leases are
+//!   held by [`leases::TargetLeases`], and the target's compaction follows the source's.
+//!
+//! What stops the link for good (`failed`, nothing more written): a foreign write, a missing
+//! revision, a target that is not a restore of this source or whose history the source
+//! compacted (`ReseedRequired`). A transient error retries the run from the checkpoint.
+
+use std::time::Duration;
+
+use mirror_core::{
+    connect, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason, Side,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use crate::reporter::Reporter;
+
+mod leases;
+mod seed;
+mod tail;
+
+/// Why a run of the exact link ended.
+#[derive(Debug)]
+enum Stop {
+    /// An etcd call failed: try the run again from the checkpoint.
+    Etcd(EtcdError),
+    /// The replica cannot go on: stop writing (phase `failed`).
+    Lost {
+        /// Why, as status names it.
+        reason: Reason,
+        /// What differs, keys redacted.
+        message: String,
+    },
+    /// SIGTERM/SIGINT.
+    Shutdown,
+}
+
+impl From<EtcdError> for Stop {
+    fn from(e: EtcdError) -> Stop {
+        Stop::Etcd(e)
+    }
+}
+
+impl Stop {
+    fn lost(reason: Reason, message: impl Into<String>) -> Stop {
+        Stop::Lost { reason, message: message.into() }
+    }
+}
+
+/// Runs the exact link until `shutdown`: a run per connect, retried after transient errors.
+pub async fn run(cfg: Config, reporter: Reporter, shutdown: CancellationToken) {
+    let sync = &cfg.sync;
+    let mut backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
+    loop {
+        reporter.set_phase(Phase::Connecting, Reason::Connecting);
+        let ended = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            ended = run_once(&cfg, &reporter, &shutdown, &mut backoff) => ended,
+        };
+        match ended {
+            Stop::Shutdown => return,
+            Stop::Lost { reason, message } => {
+                error!(reason = reason.as_str(), "exact replica stopped: {message}");
+                reporter.update(|s| {
+                    s.last_error =
+                        Some(LastError { class: ErrorClass::Permanent, reason, message, fix: None })
+                });
+                reporter.set_phase(Phase::Failed, reason);
+                shutdown.cancelled().await;
+                return;
+            }
+            Stop::Etcd(e) => {
+                let delay = backoff.next_delay();
+                warn!("exact link run ended, retrying in {delay:?}: {e}");
+                reporter.update(|s| {
+                    s.last_error = Some(LastError {
+                        class: e.class(),
+                        reason: e.fault.into(),
+                        message: format!("{e}; retrying in {delay:?}"),
+                        fix: None,
+                    })
+                });
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// One run: connect, place, tail until something stops it.
+async fn run_once(
+    cfg: &Config,
+    reporter: &Reporter,
+    shutdown: &CancellationToken,
+    backoff: &mut ExponentialBackoff,
+) -> Stop {
+    let connected = async {
+        let source = connect(Side::Source, &cfg.source, &cfg.sync).await?;
+        let target = connect(Side::Target, &cfg.target, &cfg.sync).await?;
+        Ok::<_, EtcdError>((source, target))
+    };
+    let (source, target) = match connected.await {
+        Ok(both) => both,
+        Err(e) => return e.into(),
+    };
+    let placed = match seed::place(cfg, &source, &target).await {
+        Ok(placed) => placed,
+        Err(stop) => return stop,
+    };
+    backoff.reset();
+    tail::Tail::new(cfg, source, target, placed).run(reporter, shutdown).await
+}
+
+/// The deadline of one unary call.
+fn timeout(cfg: &Config) -> Duration {
+    cfg.sync.request_timeout.get()
+}

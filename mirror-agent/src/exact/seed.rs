@@ -1,0 +1,181 @@
+//! Where the target stands when a run starts: a fresh restore of the source (proven to be the
+//! source at its revision R0, or refused), or a replica this link already writes (resumed from
+//! its checkpoint, or refused when something else wrote it since).
+
+use etcd_client::{Client, GetOptions, KeyValue};
+use mirror_core::{redact_key, unary, Config, Fault, KeyRange, PagerOptions, Reason, Side, RESERVED_MARKER};
+use mirror_fence::{Checkpoint, ExactFence, Stamp};
+use mirror_reconcile::RangeReader;
+use tracing::info;
+
+use super::{timeout, Stop};
+
+/// Where the tail starts.
+#[derive(Debug)]
+pub(super) struct Placed {
+    /// The fence of the link's Txns.
+    pub fence: ExactFence,
+    /// The last source revision the target holds.
+    pub watermark: i64,
+    /// The target's cluster ID, written into every record.
+    pub target_cluster: u64,
+    /// The source's cluster ID.
+    pub source_cluster: u64,
+}
+
+/// Reads the target's checkpoint and decides.
+pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Result<Placed, Stop> {
+    let key = cfg.checkpoint_key();
+    let t = timeout(cfg);
+    let (mut tkv, mut skv) = (target.kv_client(), source.kv_client());
+    let resp = unary("read checkpoint", Side::Target, t, tkv.get(key.clone(), None)).await?;
+    let head = resp.header().map_or(0, |h| h.revision());
+    let target_cluster = resp.header().map_or(0, |h| h.cluster_id());
+    let src = unary("source revision", Side::Source, t, skv.get(vec![0], Some(count_only()))).await?;
+    let source_head = src.header().map_or(0, |h| h.revision());
+    let source_cluster = src.header().map_or(0, |h| h.cluster_id());
+    let placed = |fence, watermark| Placed { fence, watermark, target_cluster, source_cluster };
+    let Some(kv) = resp.kvs().first() else {
+        prove_restore(cfg, source, target, head, source_head).await?;
+        info!(r0 = head, "the target is the source's snapshot at its revision: the replica starts there");
+        return Ok(placed(ExactFence::new(key, head), head));
+    };
+    let record = Checkpoint::decode(kv.value()).map_err(|e| {
+        Stop::lost(Reason::CorruptCheckpoint, format!("the checkpoint record cannot be read: {e}"))
+    })?;
+    if record.link_uid != cfg.link_uid {
+        return Err(Stop::lost(
+            Reason::CheckpointTaken,
+            format!("the checkpoint key holds link {:?}'s record", record.link_uid),
+        ));
+    }
+    if record.target_cluster_id != target_cluster {
+        return Err(Stop::lost(
+            Reason::ReseedRequired,
+            format!(
+                "the target already holds this link's checkpoint, written to cluster {:x}, and is cluster {target_cluster:x}: \
+                 it was restored from a snapshot of a replica, not of the source; restore it from `mirror-agent snapshot \
+                 save` of the source",
+                record.target_cluster_id
+            ),
+        ));
+    }
+    let stamp = Stamp { mod_revision: kv.mod_revision(), version: kv.version() };
+    if record.watermark != stamp.mod_revision || head != stamp.mod_revision {
+        return Err(Stop::lost(
+            Reason::ForeignWrite,
+            format!(
+                "the target is at revision {head} and its checkpoint names source revision {} at target revision {}: \
+                 something other than this link wrote the target",
+                record.watermark, stamp.mod_revision
+            ),
+        ));
+    }
+    if source_head < head {
+        return Err(Stop::lost(
+            Reason::ReseedRequired,
+            format!("the source is at revision {source_head}, behind the replica's {head}: it went back (restored?)"),
+        ));
+    }
+    info!(watermark = head, "resuming the exact replica from its checkpoint");
+    Ok(placed(ExactFence::from_stamp(key, stamp), head))
+}
+
+fn count_only() -> GetOptions {
+    GetOptions::new().with_count_only()
+}
+
+/// A target without the link's checkpoint must be the source's snapshot: its revision R0 is
+/// one the source has reached and not compacted, and every key agrees at R0 in value, create
+/// and mod revision, version and lease (reserved keys left out).
+async fn prove_restore(
+    cfg: &Config,
+    source: &Client,
+    target: &Client,
+    r0: i64,
+    source_head: i64,
+) -> Result<(), Stop> {
+    if source_head < r0 {
+        return Err(Stop::lost(
+            Reason::ReseedRequired,
+            format!(
+                "the target is at revision {r0}, ahead of the source at {source_head}: it is not a restore of this source"
+            ),
+        ));
+    }
+    let page = |op| {
+        PagerOptions::new(op, cfg.sync.page_key_limit, cfg.sync.page_bytes.bytes() as usize, timeout(cfg))
+            .at_revision(r0)
+    };
+    let all = || vec![KeyRange { start: vec![0], end: vec![0] }];
+    let mut theirs = RangeReader::new(source.kv_client(), Side::Source, all(), page("prove source at R0"));
+    let mut ours = RangeReader::new(target.kv_client(), Side::Target, all(), page("prove target at R0"));
+    let compacted = |e: mirror_core::EtcdError| {
+        if e.fault == Fault::Compacted {
+            Stop::lost(
+                Reason::ReseedRequired,
+                format!(
+                    "the source compacted past the snapshot's revision {r0} before the link ran: its history from \
+                     there is gone; save a new snapshot (mirror-agent snapshot save keeps it by spooling)"
+                ),
+            )
+        } else {
+            e.into()
+        }
+    };
+    let mut compared = 0u64;
+    loop {
+        let a = next_unreserved(&mut theirs).await.map_err(compacted)?;
+        let b = next_unreserved(&mut ours).await?;
+        let differs = match (&a, &b) {
+            (None, None) => break,
+            (Some(a), Some(b)) => differs(a, b),
+            (Some(a), None) => Some(format!("key {} is only in the source", redact_key(b"", a.key()))),
+            (None, Some(b)) => Some(format!("key {} is only in the target", redact_key(b"", b.key()))),
+        };
+        if let Some(what) = differs {
+            return Err(Stop::lost(
+                Reason::ReseedRequired,
+                format!(
+                    "the target is at revision {r0} like the source there, but its content differs ({compared} keys \
+                     agreed first): {what}; it is not a restore of this source's snapshot at {r0}"
+                ),
+            ));
+        }
+        compared += 1;
+    }
+    info!(keys = compared, r0, "every key agrees at the snapshot's revision");
+    Ok(())
+}
+
+/// The reader's next key outside the reserved namespace.
+async fn next_unreserved(reader: &mut RangeReader) -> Result<Option<KeyValue>, mirror_core::EtcdError> {
+    loop {
+        match reader.next().await? {
+            Some(kv) if kv.key().starts_with(RESERVED_MARKER.as_bytes()) => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+/// What differs between the source's and the target's copy of a key at one revision.
+fn differs(a: &KeyValue, b: &KeyValue) -> Option<String> {
+    if a.key() != b.key() {
+        let (first, side) = if a.key() < b.key() { (a.key(), "source") } else { (b.key(), "target") };
+        return Some(format!("key {} is only in the {side}", redact_key(b"", first)));
+    }
+    let field = if a.value() != b.value() {
+        "value"
+    } else if a.create_revision() != b.create_revision() {
+        "create_revision"
+    } else if a.mod_revision() != b.mod_revision() {
+        "mod_revision"
+    } else if a.version() != b.version() {
+        "version"
+    } else if a.lease() != b.lease() {
+        "lease"
+    } else {
+        return None;
+    };
+    Some(format!("key {} differs in {field}", redact_key(b"", a.key())))
+}

@@ -1,0 +1,262 @@
+//! The exact tail: one fenced Txn per source revision, in order, each judged by the fence
+//! ([`mirror_fence::Landing`]); between revisions the target leases are kept alive and the
+//! target's compaction follows the source's.
+
+use std::time::Duration;
+
+use etcd_client::{Client, CompactionOptions, WatchOptions};
+use mirror_core::{
+    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
+};
+use mirror_fence::{Answer, Checkpoint, Landing, Role};
+use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::leases::TargetLeases;
+use super::seed::Placed;
+use super::{timeout, Stop};
+use crate::reporter::Reporter;
+
+/// How often the tail looks at the leases due a keep-alive.
+const KEEP_CHECK: Duration = Duration::from_secs(1);
+/// How often it asks the source how far it compacted.
+const COMPACTION_CHECK: Duration = Duration::from_secs(10);
+/// How often an idle tail re-reads the checkpoint (a foreign write shows without a Txn).
+const FENCE_CHECK: Duration = Duration::from_secs(2);
+
+/// The tail's state: the clients, the fence, and how far the target holds the source.
+pub(super) struct Tail<'c> {
+    cfg: &'c Config,
+    source: Client,
+    target: Client,
+    placed: Placed,
+    /// The target's compaction as the link moved it (0: not yet).
+    compacted: i64,
+}
+
+impl<'c> Tail<'c> {
+    pub(super) fn new(cfg: &'c Config, source: Client, target: Client, placed: Placed) -> Tail<'c> {
+        Tail { cfg, source, target, placed, compacted: 0 }
+    }
+
+    /// Tails until something stops it.
+    pub(super) async fn run(mut self, reporter: &Reporter, shutdown: &CancellationToken) -> Stop {
+        match self.tail(reporter, shutdown).await {
+            Ok(never) => match never {},
+            Err(stop) => stop,
+        }
+    }
+
+    async fn tail(
+        &mut self,
+        reporter: &Reporter,
+        shutdown: &CancellationToken,
+    ) -> Result<std::convert::Infallible, Stop> {
+        let hold = self.cfg.sync.exact_lease_hold.get();
+        let mut leases =
+            TargetLeases::adopt(self.source.clone(), self.target.clone(), hold, timeout(self.cfg)).await?;
+        let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
+        reporter.update(|s| {
+            s.watermark = self.placed.watermark;
+            s.leases.preserved = leases.snapshot_leases().0 as u64;
+        });
+        reporter.set_phase(Phase::Syncing, Reason::Syncing);
+        let mut keep = tokio::time::interval(KEEP_CHECK);
+        let mut compaction = tokio::time::interval(COMPACTION_CHECK);
+        let mut fence = tokio::time::interval(FENCE_CHECK);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Err(Stop::Shutdown),
+                delivered = watch.next() => match delivered {
+                    Ok(ExactDelivery::Revisions(revisions)) => {
+                        for rev in revisions {
+                            leases.ensure(&rev).await?;
+                            self.land(&rev).await?;
+                            leases.release(&rev).await?;
+                            reporter.update(|s| {
+                                s.watermark = rev.revision;
+                                s.source_revision = s.source_revision.max(rev.revision);
+                                s.keys_applied_total += rev.changes.len() as u64;
+                                s.last_progress_time = Some(now_rfc3339());
+                                s.confirmed_time = Some(now_rfc3339());
+                            });
+                            reporter.revisions_landed(1);
+                        }
+                    }
+                    Ok(ExactDelivery::Reply(header)) => {
+                        reporter.update(|s| s.source_revision = s.source_revision.max(header));
+                    }
+                    Ok(ExactDelivery::Compacted(at)) => {
+                        return Err(Stop::lost(
+                            Reason::ReseedRequired,
+                            format!(
+                                "the source compacted to revision {at}, past the replica's next revision {}: the \
+                                 history between is gone; re-seed the target",
+                                self.placed.watermark + 1
+                            ),
+                        ))
+                    }
+                    Err(ExactError::Missing { .. }) => {
+                        let err = delivered.err().map(|e| e.to_string()).unwrap_or_default();
+                        return Err(Stop::lost(Reason::RevisionMissing, err));
+                    }
+                    Err(ExactError::Ended(why)) => {
+                        return Err(Stop::Etcd(mirror_core::EtcdError::new(
+                            "exact watch",
+                            Side::Source,
+                            etcd_client::Error::WatchError(why),
+                        )))
+                    }
+                },
+                _ = keep.tick() => {
+                    leases.keep_due().await?;
+                    let (left, shortest) = leases.snapshot_leases();
+                    reporter.update(|s| s.leases.preserved = left as u64);
+                    let _ = shortest;
+                }
+                _ = compaction.tick() => self.follow_compaction().await?,
+                _ = fence.tick() => self.check_fence().await?,
+            }
+        }
+    }
+
+    /// Lands source revision `rev` as target revision `rev.revision`, retrying its Txn through
+    /// transient errors (a retry of a Txn that landed is judged `AlreadyLanded`).
+    async fn land(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
+        let record = self.record(rev.revision).encode().map_err(|e| {
+            Stop::lost(
+                Reason::InvalidCheckpointRecord,
+                format!("the checkpoint record cannot be written: {e}"),
+            )
+        })?;
+        let per_level = mirror_fence::ops_per_level(self.cfg.sync.max_txn_ops);
+        let txn = self.placed.fence.txn(rev, record, per_level).map_err(|e| {
+            Stop::lost(Reason::RevisionTooLarge, format!("source revision {}: {e}", rev.revision))
+        })?;
+        let sync = &self.cfg.sync;
+        let mut backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
+        loop {
+            let mut kv = self.target.kv_client();
+            let sent = kv.txn(txn.to_txn(self.placed.fence.key()));
+            let resp = match unary("exact txn", Side::Target, timeout(self.cfg), sent).await {
+                Ok(resp) => resp,
+                Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
+                    let delay = backoff.next_delay();
+                    warn!(revision = rev.revision, "exact Txn failed, retrying in {delay:?}: {e}");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            return match self.placed.fence.judge(rev.revision, &Answer::of(&resp)) {
+                Landing::Landed | Landing::AlreadyLanded => {
+                    self.placed.watermark = rev.revision;
+                    Ok(())
+                }
+                Landing::Behind { at } => Err(Stop::Etcd(mirror_core::EtcdError::new(
+                    "exact txn",
+                    Side::Target,
+                    etcd_client::Error::InvalidArgs(format!(
+                        "the target holds source revision {at}, past {}: another agent of the link is ahead",
+                        rev.revision
+                    )),
+                ))),
+                Landing::Overtaken => Err(Stop::lost(
+                    Reason::ForeignWrite,
+                    format!(
+                        "Txn {} found its predecessor not landed although it had answered: another writer moved the \
+                         checkpoint",
+                        rev.revision
+                    ),
+                )),
+                Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
+            };
+        }
+    }
+
+    /// The record Txn `revision` puts.
+    fn record(&self, revision: i64) -> Checkpoint {
+        let cfg = self.cfg;
+        Checkpoint {
+            link_uid: cfg.link_uid.clone(),
+            epoch: cfg.epoch as u64,
+            role: Role::Mirror,
+            watermark: revision,
+            scanning: false,
+            scan_cursor: Vec::new(),
+            prune_pending: false,
+            source_cluster_id: self.placed.source_cluster,
+            target_cluster_id: self.placed.target_cluster,
+            agent_id: crate::engine::hostname(),
+            commit: String::new(),
+            range: cfg.rewriter().range_fingerprint(),
+            confirmed_time: now_rfc3339(),
+            forced_resyncs: 0,
+            scan_restarts: 0,
+            initial_sync_completed: String::new(),
+            excludes: Vec::new(),
+        }
+    }
+
+    /// An idle tail's check that nothing else wrote the target: its revision is still the one
+    /// the checkpoint was put at.
+    async fn check_fence(&mut self) -> Result<(), Stop> {
+        let key = self.placed.fence.key().to_vec();
+        let resp =
+            unary("read checkpoint", Side::Target, timeout(self.cfg), self.target.kv_client().get(key, None))
+                .await?;
+        let head = resp.header().map_or(0, |h| h.revision());
+        let at = resp.kvs().first().map_or(self.placed.fence.seed(), |kv| kv.mod_revision());
+        if head != self.placed.watermark || at != self.placed.watermark {
+            return Err(Stop::lost(
+                Reason::ForeignWrite,
+                format!(
+                    "the target is at revision {head}, its checkpoint at {at}, and the link landed source revision {}: \
+                     something other than this link wrote the target",
+                    self.placed.watermark
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Compacts the target where the source compacted, once the replica holds that revision
+    /// (compaction adds no revision; "compacted" means someone got there first).
+    async fn follow_compaction(&mut self) -> Result<(), Stop> {
+        let Some(at) = compacted_revision(&mut self.source, self.cfg).await? else { return Ok(()) };
+        if at <= self.compacted || at > self.placed.watermark {
+            return Ok(());
+        }
+        let mut kv = self.target.kv_client();
+        let compact = kv.compact(at, Some(CompactionOptions::new()));
+        match unary("compact target", Side::Target, timeout(self.cfg), compact).await {
+            Ok(_) => info!(revision = at, "target compacted where the source compacted"),
+            Err(e) if e.fault == Fault::Compacted => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.compacted = at;
+        Ok(())
+    }
+}
+
+/// The source's compacted revision, learned without admin rights: a watch from revision 1 of a
+/// key nobody writes is cancelled with it (`None`: not compacted, or not said within a second).
+async fn compacted_revision(source: &mut Client, cfg: &Config) -> Result<Option<i64>, Stop> {
+    let key = [&cfg.checkpoint_key()[..], b"/compaction-probe"].concat();
+    let opts = WatchOptions::new().with_start_revision(1);
+    let stream = source.watch_client().watch(key, Some(opts)).await;
+    let mut stream = stream.map_err(|e| mirror_core::EtcdError::new("compaction probe", Side::Source, e))?;
+    let deadline = tokio::time::sleep(Duration::from_secs(1));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return Ok(None),
+            message = stream.message() => match message {
+                Ok(Some(resp)) if resp.compact_revision() > 0 => return Ok(Some(resp.compact_revision())),
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return Ok(None),
+            }
+        }
+    }
+}

@@ -33,6 +33,7 @@ mod check;
 mod container;
 pub mod demo;
 mod etcd;
+pub mod exact;
 pub mod figures;
 mod load;
 pub mod pki;

@@ -440,6 +440,18 @@ impl EtcdCluster {
     pub async fn restore_snapshot(&mut self, name: &str) -> anyhow::Result<()> {
         let snapshot = self.snapshot_path(name)?;
         anyhow::ensure!(snapshot.exists(), "no snapshot {name:?} was saved on this cluster");
+        self.restore_snapshot_file(&snapshot).await
+    }
+
+    /// The file [`EtcdCluster::save_snapshot`] wrote as `name`.
+    pub fn snapshot_file(&self, name: &str) -> anyhow::Result<std::path::PathBuf> {
+        self.snapshot_path(name)
+    }
+
+    /// [`EtcdCluster::restore_snapshot`] from any snapshot file, another cluster's included: an
+    /// exact replica's seed. The members keep their own cluster token, so a restore of another
+    /// cluster's snapshot gets a cluster ID of its own.
+    pub async fn restore_snapshot_file(&mut self, snapshot: &std::path::Path) -> anyhow::Result<()> {
         for node in &mut self.nodes {
             node.stop().await?;
         }

@@ -1,0 +1,158 @@
+//! Exact mode's checks (SPEC §10): the seed of a target from a source's snapshot, the state of
+//! a whole keyspace with every key's revisions, and a real client's view of the history
+//! (`etcdctl watch --rev R --prev-kv -w json`), reserved keys left out on both sides.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use etcd_client::{Client, GetOptions};
+use mirror_core::RESERVED_MARKER;
+
+use crate::{AgentConfig, EtcdCluster, EtcdVersion};
+
+/// An exact link from `source` to `target`: the whole keyspace, leases preserved, fast retries.
+pub fn exact_config(source: &EtcdCluster, target: &EtcdCluster, link: &str) -> AgentConfig {
+    AgentConfig::new(link, source.endpoints(), target.endpoints(), "").with(
+        "[sync]\nrevisions = \"exact\"\nleases = \"preserve\"\nprogress_interval = \"1s\"\n\
+         backoff = { initial = \"200ms\", max = \"2s\" }",
+    )
+}
+
+/// Saves a snapshot of `source` as `name` and restores every member of `target` from it; the
+/// target's revision afterwards (R0).
+pub async fn seed(source: &EtcdCluster, target: &mut EtcdCluster, name: &str) -> anyhow::Result<i64> {
+    source.save_snapshot(name).await?;
+    target.restore_snapshot_file(&source.snapshot_file(name)?).await?;
+    let mut client = target.client().await?;
+    Ok(client
+        .get(vec![0], Some(GetOptions::new().with_count_only()))
+        .await?
+        .header()
+        .map_or(0, |h| h.revision()))
+}
+
+/// One key as exact mode must keep it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// create_revision, mod_revision, version.
+    pub revisions: (i64, i64, i64),
+    /// The lease ID (0: none).
+    pub lease: i64,
+}
+
+/// Every key of a cluster outside the reserved namespace, read at one revision, and that
+/// revision.
+pub async fn keyspace(client: &mut Client) -> anyhow::Result<(i64, Vec<KeyState>)> {
+    let resp = client.get(vec![0], Some(GetOptions::new().with_range(vec![0]))).await?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let keys = resp
+        .kvs()
+        .iter()
+        .filter(|kv| !kv.key().starts_with(RESERVED_MARKER.as_bytes()))
+        .map(|kv| KeyState {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            revisions: (kv.create_revision(), kv.mod_revision(), kv.version()),
+            lease: kv.lease(),
+        })
+        .collect();
+    Ok((revision, keys))
+}
+
+/// The first difference between two keyspaces, in words (`None`: the same, revisions too).
+pub fn keyspace_difference(source: &(i64, Vec<KeyState>), target: &(i64, Vec<KeyState>)) -> Option<String> {
+    if source.0 != target.0 {
+        return Some(format!("source revision {} but target revision {}", source.0, target.0));
+    }
+    if source.1.len() != target.1.len() {
+        return Some(format!("source holds {} keys, target {}", source.1.len(), target.1.len()));
+    }
+    source.1.iter().zip(&target.1).find(|(a, b)| a != b).map(|(a, b)| format!("source {a:?}\ntarget {b:?}"))
+}
+
+/// Whether a read at `revision` is refused as compacted.
+pub async fn refuses_read_at(client: &mut Client, revision: i64) -> bool {
+    let read = client.get(vec![0], Some(GetOptions::new().with_count_only().with_revision(revision))).await;
+    matches!(read, Err(e) if e.to_string().contains("compacted"))
+}
+
+/// What `etcdctl watch --prefix '' --rev FROM --prev-kv -w json` (3.5.30's etcdctl) prints for
+/// the revisions FROM..=TO, one line per event (type, key, value, create/mod revision, version,
+/// lease, and the prev_kv's value, mod revision and version), reserved keys left out. The
+/// watch runs until it has delivered TO, or `within`.
+pub async fn etcdctl_watch(
+    endpoint: &str,
+    from: i64,
+    to: i64,
+    within: Duration,
+) -> anyhow::Result<Vec<String>> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(EtcdVersion::V3_5_30.etcdctl())
+        .args([
+            "--endpoints",
+            endpoint,
+            "watch",
+            "--prefix",
+            "",
+            "--rev",
+            &from.to_string(),
+            "--prev-kv",
+            "-w",
+            "json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("etcdctl watch")?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let mut events = Vec::new();
+    let reserved = base64(RESERVED_MARKER.as_bytes());
+    let read = async {
+        while let Some(line) = lines.next_line().await? {
+            let Ok(resp) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            for e in resp["Events"].as_array().into_iter().flatten() {
+                let (kv, prev) = (&e["kv"], &e["prev_kv"]);
+                let rev = kv["mod_revision"].as_i64().unwrap_or(0);
+                if rev > to {
+                    return anyhow::Ok(());
+                }
+                if kv["key"].as_str().unwrap_or("").starts_with(&reserved[..16]) {
+                    continue;
+                }
+                events.push(format!(
+                    "type={} key={} value={} create={} mod={} version={} lease={} prev=({}, {}, {})",
+                    e["type"],
+                    kv["key"],
+                    kv["value"],
+                    kv["create_revision"],
+                    rev,
+                    kv["version"],
+                    kv["lease"],
+                    prev["value"],
+                    prev["mod_revision"],
+                    prev["version"]
+                ));
+            }
+            if resp["Events"].as_array().and_then(|a| a.last()).and_then(|e| e["kv"]["mod_revision"].as_i64())
+                == Some(to)
+            {
+                return Ok(());
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .context("etcdctl watch did not reach the revision in time")??;
+    Ok(events)
+}
+
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}

@@ -1,0 +1,226 @@
+//! Exact mode (`sync.revisions = "exact"`, SPEC §10) against real etcd: source revision R is
+//! target revision R, every key keeps its value, create and mod revision, version and lease,
+//! through churn, a kill -9 and an outage of the agent, and a real client (`etcdctl watch
+//! --rev R --prev-kv`) sees the same history on both sides. Refusals leave the target
+//! unwritten; a foreign write stops the link before it overwrites anything.
+
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, PutOptions};
+use harness::exact::{etcdctl_watch, exact_config, keyspace, keyspace_difference, refuses_read_at, seed};
+use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
+use harness::{load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
+use mirror_core::{ErrorClass, Phase};
+use rstest::rstest;
+
+async fn cluster(version: EtcdVersion) -> EtcdCluster {
+    EtcdCluster::start(ClusterSpec::new(version)).await.unwrap()
+}
+
+/// Waits until the target holds every source revision and both keyspaces agree (a lease may
+/// expire on the source between the two reads: then the next round compares again).
+async fn assert_exact(agent: &AgentProcess, src: &mut Client, dst: &mut Client, when: &str) {
+    let deadline = tokio::time::Instant::now() + SYNC_TIMEOUT;
+    loop {
+        caught_up(agent, src).await.unwrap_or_else(|e| panic!("{when}: {e}\n{}", agent.log()));
+        let (s, t) = (keyspace(src).await.unwrap(), keyspace(dst).await.unwrap());
+        let Some(diff) = keyspace_difference(&s, &t) else { return };
+        if tokio::time::Instant::now() > deadline {
+            panic!("{when}: the replica is not exact: {diff}\n{}", agent.log());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the source deleted every key under `prefix` (a lease expired).
+async fn gone(src: &mut Client, prefix: &str) {
+    let empty = async {
+        while src.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
+            > 0
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), empty).await.expect("the lease expired on the source");
+}
+
+/// Keeps lease `id` alive on `client` every second until the task is aborted.
+fn keep_alive(mut client: Client, id: i64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok((mut keeper, _stream)) = client.lease_keep_alive(id).await else { return };
+        loop {
+            let _ = keeper.keep_alive().await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// The short form of issue #46's first scenario: seeded while a 5 s lease the source keeps
+/// alive has keys, then churn (puts, deletes, range deletes, multi-op Txns, leases expiring
+/// and revoked, a source compaction the target follows), a kill -9 of the agent and an outage
+/// longer than the TTL of a lease granted after the seed. After each fault: target revision =
+/// source revision and every key agrees; both sides refuse a read below the compaction; and
+/// etcdctl's watch from several revisions, one taken before the kill, prints the same events.
+#[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
+#[case::v3_4_23(EtcdVersion::V3_4_23)]
+#[tokio::test]
+async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
+    let source = cluster(version).await;
+    let mut target = cluster(version).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 200, 64).await.unwrap();
+    let short = src.lease_grant(5, None).await.unwrap().id();
+    let keeper = keep_alive(src.clone(), short);
+    for k in ["/registry/masterleases/a", "/registry/masterleases/b"] {
+        src.put(k, "10.0.0.1", Some(PutOptions::new().with_lease(short))).await.unwrap();
+    }
+    let long = src.lease_grant(600, None).await.unwrap().id();
+    src.put("/registry/events/e1", "x", Some(PutOptions::new().with_lease(long))).await.unwrap();
+
+    let r0 = seed(&source, &mut target, "seed").await.unwrap();
+    assert_eq!(r0, current_revision(&mut src).await.unwrap(), "no write between the snapshot and R0");
+    let mut agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+
+    // Churn with leases expiring, a revoke, the short snapshot lease let go, and a compaction.
+    let churn = Churn::new("/registry/configmaps/", 600, 200, 100).with_leases().spawn(src.clone());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    src.lease_revoke(long).await.unwrap();
+    keeper.abort();
+    churn.await.unwrap().unwrap();
+    // The snapshot lease ends on the source and the agent revokes it on the target: from here
+    // an outage longer than its 5 s loses nothing.
+    gone(&mut src, "/registry/masterleases/").await;
+    let compact_at = current_revision(&mut src).await.unwrap() - 50;
+    src.compact(compact_at, None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the churn").await;
+    let before_kill = current_revision(&mut src).await.unwrap();
+
+    // kill -9, a lease granted after the seed (3 s, kept alive by the source) outlived by an
+    // outage of the agent, writes meanwhile.
+    let fresh = src.lease_grant(3, None).await.unwrap().id();
+    let fresh_keeper = keep_alive(src.clone(), fresh);
+    src.put("/registry/leases/node-1", "held", Some(PutOptions::new().with_lease(fresh))).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "with the fresh lease").await;
+    agent.kill9().await.unwrap();
+    Churn::new("/registry/secrets/", 200, 100, 40).seed(7).spawn(src.clone()).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    agent.restart().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the kill and the outage").await;
+    fresh_keeper.abort();
+
+    // The target follows the compaction: a read below it is refused on both sides.
+    let followed = async {
+        while !refuses_read_at(&mut dst.clone(), compact_at - 1).await {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), followed)
+        .await
+        .expect("the target compacted where the source did");
+    assert!(refuses_read_at(&mut src, compact_at - 1).await);
+
+    // A real client's view of the history from several revisions, one before the kill.
+    let head = current_revision(&mut src).await.unwrap();
+    for from in [compact_at, compact_at + 17, before_kill] {
+        let (s, t) = (&source.endpoints()[0], &target.endpoints()[0]);
+        let theirs = etcdctl_watch(s, from, head, Duration::from_secs(20)).await.unwrap();
+        let ours = etcdctl_watch(t, from, head, Duration::from_secs(20)).await.unwrap();
+        assert!(!theirs.is_empty(), "the source's history from {from} has events");
+        assert_eq!(theirs, ours, "etcdctl watch --rev {from} --prev-kv differs between the sides");
+    }
+    let status = agent.status().await.unwrap();
+    assert_eq!((status.phase, status.watermark), (Phase::Syncing, head), "{:?}", status.last_error);
+}
+
+/// A key written on the target by anyone but the link, which the source then changes: the
+/// link stops with `ForeignWrite` and the foreign value stays (nothing overwritten).
+#[tokio::test]
+async fn a_foreign_write_stops_the_link_before_it_overwrites() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 50, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+
+    dst.put("/registry/pods/key-0000001", "foreign", None).await.unwrap();
+    src.put("/registry/pods/key-0000001", "source", None).await.unwrap();
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!((err.class, err.reason.as_str()), (ErrorClass::Permanent, "ForeignWrite"), "{}", err.message);
+    let kept = dst.get("/registry/pods/key-0000001", None).await.unwrap();
+    assert_eq!(kept.kvs()[0].value(), b"foreign", "the foreign write is not overwritten");
+}
+
+/// Targets that are not this source's snapshot are refused, naming what differs, and nothing
+/// is written: one whose R0 the source compacted before the link ran; another cluster brought
+/// to the same revision with other content; a target ahead of the source; a restore of a
+/// replica that already holds this link's checkpoint.
+#[tokio::test]
+async fn a_target_that_is_not_the_snapshot_is_refused() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 40, 16).await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let checkpoint = cfg.parsed().unwrap().checkpoint_key();
+    let refused = |agent: AgentProcess| async move {
+        let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+        let err = failed.last_error.expect("a last error");
+        assert_eq!(err.class, ErrorClass::Permanent, "{}", err.message);
+        (err.reason.as_str().to_owned(), err.message)
+    };
+
+    // R0 compacted on the source before the link ran.
+    let r0 = seed(&source, &mut target, "old").await.unwrap();
+    load_keys(&mut src, "/registry/later/", 5, 16).await.unwrap();
+    let head = current_revision(&mut src).await.unwrap();
+    assert!(head > r0);
+    src.compact(head, None).await.unwrap();
+    let (reason, message) = refused(AgentProcess::start(&cfg).await.unwrap()).await;
+    assert_eq!(reason, "ReseedRequired");
+    assert!(message.contains("compacted past the snapshot's revision"), "{message}");
+
+    // Another cluster at the same revision, other content.
+    let other = cluster(EtcdVersion::V3_5_30).await;
+    let mut oc = other.client().await.unwrap();
+    let head = current_revision(&mut src).await.unwrap();
+    while current_revision(&mut oc).await.unwrap() < head {
+        oc.put("/registry/pods/key-0000001", "other", None).await.unwrap();
+    }
+    let (reason, message) =
+        refused(AgentProcess::start(&exact_config(&source, &other, "k8s-dr")).await.unwrap()).await;
+    assert_eq!(reason, "ReseedRequired");
+    assert!(
+        message.contains("content differs") && message.contains(&format!("revision {head}")),
+        "{message}"
+    );
+    assert_eq!(oc.get(checkpoint.clone(), None).await.unwrap().count(), 0, "nothing written");
+
+    // Ahead of the source.
+    oc.put("/registry/pods/ahead", "x", None).await.unwrap();
+    let (_, message) =
+        refused(AgentProcess::start(&exact_config(&source, &other, "k8s-dr")).await.unwrap()).await;
+    assert!(message.contains("ahead of the source"), "{message}");
+
+    // A restore of the replica itself (it holds this link's checkpoint).
+    let r0 = seed(&source, &mut target, "fresh").await.unwrap();
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/new", "1", None).await.unwrap();
+    caught_up(&agent, &mut src).await.unwrap();
+    drop(agent);
+    let mut copy = cluster(EtcdVersion::V3_5_30).await;
+    target.save_snapshot("replica").await.unwrap();
+    copy.restore_snapshot_file(&target.snapshot_file("replica").unwrap()).await.unwrap();
+    let (reason, message) =
+        refused(AgentProcess::start(&exact_config(&source, &copy, "k8s-dr")).await.unwrap()).await;
+    assert_eq!(reason, "ReseedRequired");
+    assert!(message.contains("already holds this link's checkpoint"), "{message}");
+    let mut cc = copy.client().await.unwrap();
+    assert_eq!(current_revision(&mut cc).await.unwrap(), r0 + 1, "nothing written to the copy");
+}

@@ -479,7 +479,7 @@ impl EtcdCluster {
             let out = cmd
                 .arg("snapshot")
                 .arg("restore")
-                .arg(&snapshot)
+                .arg(snapshot)
                 .arg(format!("--name={}", plan.name))
                 .arg(format!("--data-dir={}", plan.data_dir.display()))
                 .arg(format!("--initial-cluster={}", plan.initial_cluster))

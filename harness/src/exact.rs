@@ -156,3 +156,67 @@ fn base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// A running `mirror-agent snapshot save FILE`: it saved the snapshot, printed R0, and spools
+/// until the link runs.
+pub struct SnapshotSave {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    /// The snapshot file.
+    pub file: std::path::PathBuf,
+    /// The snapshot's revision as the command printed it.
+    pub r0: i64,
+    /// Everything it printed up to R0's line and the digest's.
+    pub printed: String,
+}
+
+impl SnapshotSave {
+    /// Starts `snapshot save` for `config` into a new directory and waits until it printed R0.
+    pub async fn start(config: &AgentConfig) -> anyhow::Result<SnapshotSave> {
+        use tokio::io::AsyncBufReadExt as _;
+        let dir = tempfile::Builder::new().prefix("mirror-seed-").tempdir()?;
+        let file = dir.path().join("seed.db");
+        let cfg_path = dir.path().join("mirror.toml");
+        std::fs::write(&cfg_path, config.render())?;
+        let mut child = tokio::process::Command::new(crate::agent_binary())
+            .arg("snapshot")
+            .arg("save")
+            .arg(&file)
+            .arg("--config")
+            .arg(&cfg_path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("mirror-agent snapshot save")?;
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let mut printed = String::new();
+        let mut r0 = None;
+        let read = async {
+            while let Some(line) = lines.next_line().await? {
+                printed.push_str(&line);
+                printed.push('\n');
+                if let Some(rest) = line.split("R0 = ").nth(1) {
+                    r0 = rest.trim_end_matches('.').parse().ok();
+                }
+                if line.starts_with("Digest") || line.starts_with("The source compacted past R0") {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .context("snapshot save printed no R0")??;
+        let r0 = r0.with_context(|| format!("no R0 in:\n{printed}"))?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(SnapshotSave { child, _dir: dir, file, r0, printed })
+    }
+
+    /// Waits for the command to end by itself (once the link runs); its exit code.
+    pub async fn wait(&mut self, within: Duration) -> anyhow::Result<Option<i32>> {
+        let status =
+            tokio::time::timeout(within, self.child.wait()).await.context("snapshot save did not end")??;
+        Ok(status.code())
+    }
+}

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
-use harness::exact::{etcdctl_watch, exact_config, keyspace, keyspace_difference, refuses_read_at, seed};
+use harness::exact::{
+    etcdctl_watch, exact_config, keyspace, keyspace_difference, refuses_read_at, seed, SnapshotSave,
+};
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
 use harness::{load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_core::{ErrorClass, Phase};
@@ -55,8 +57,9 @@ fn keep_alive(mut client: Client, id: i64) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// The short form of issue #46's first scenario: seeded while a 5 s lease the source keeps
-/// alive has keys, then churn (puts, deletes, range deletes, multi-op Txns, leases expiring
+/// The short form of issue #46's first scenario: seeded by `snapshot save` while a 5 s lease
+/// the source keeps alive has keys and the source takes writes and compacts past R0 before
+/// the target is up, then churn (puts, deletes, range deletes, multi-op Txns, leases expiring
 /// and revoked, a source compaction the target follows), a kill -9 of the agent and an outage
 /// longer than the TTL of a lease granted after the seed. After each fault: target revision =
 /// source revision and every key agrees; both sides refuse a read below the compaction; and
@@ -78,11 +81,30 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
     let long = src.lease_grant(600, None).await.unwrap().id();
     src.put("/registry/events/e1", "x", Some(PutOptions::new().with_lease(long))).await.unwrap();
 
-    let r0 = seed(&source, &mut target, "seed").await.unwrap();
-    assert_eq!(r0, current_revision(&mut src).await.unwrap(), "no write between the snapshot and R0");
-    let mut agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    // Seeded by `snapshot save` while the source takes writes and compacts past R0 before the
+    // target is up: the spool carries what the source compacted.
+    let config = exact_config(&source, &target, "k8s-dr");
+    let mut save = SnapshotSave::start(&config).await.unwrap();
+    Churn::new("/registry/pods/", 100, 100, 50).seed(3).spawn(src.clone()).await.unwrap().unwrap();
+    let head = current_revision(&mut src).await.unwrap();
+    assert!(head > save.r0 + 50, "the source moved on after the snapshot");
+    src.compact(head, None).await.unwrap();
+    target.restore_snapshot_file(&save.file).await.unwrap();
     let mut dst = target.client().await.unwrap();
+    assert_eq!(
+        current_revision(&mut dst).await.unwrap(),
+        save.r0,
+        "the restore is at the R0 it printed\n{}",
+        save.printed
+    );
+    let config = config.overlay(&format!("[sync]\nexact_seed = {:?}", save.file.display().to_string()));
+    let mut agent = AgentProcess::start(&config).await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    assert_eq!(
+        save.wait(Duration::from_secs(30)).await.unwrap(),
+        Some(0),
+        "snapshot save ends once the link runs"
+    );
 
     // Churn with leases expiring, a revoke, the short snapshot lease let go, and a compaction.
     let churn = Churn::new("/registry/configmaps/", 600, 200, 100).with_leases().spawn(src.clone());
@@ -223,4 +245,37 @@ async fn a_target_that_is_not_the_snapshot_is_refused() {
     assert!(message.contains("already holds this link's checkpoint"), "{message}");
     let mut cc = copy.client().await.unwrap();
     assert_eq!(current_revision(&mut cc).await.unwrap(), r0 + 1, "nothing written to the copy");
+}
+
+/// `snapshot save` refuses a link that is not exact (2) and never overwrites a file (3).
+#[tokio::test]
+async fn snapshot_save_refuses_a_compact_link_and_an_existing_file() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let target = cluster(EtcdVersion::V3_5_30).await;
+    let dir = tempfile::tempdir().unwrap();
+    let save = |config: harness::AgentConfig, file: std::path::PathBuf| {
+        let cfg_path = dir.path().join(format!("{}.toml", config.link_uid));
+        std::fs::write(&cfg_path, config.render()).unwrap();
+        async move {
+            let out = tokio::process::Command::new(harness::agent_binary())
+                .args(["snapshot", "save"])
+                .arg(&file)
+                .arg("--config")
+                .arg(&cfg_path)
+                .output()
+                .await
+                .unwrap();
+            (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    let compact = harness::scenario::fast_config(&source, &target, "compact", "/a/");
+    let (code, said) = save(compact, dir.path().join("a.db")).await;
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("sync.revisions"), "{said}");
+    let taken = dir.path().join("taken.db");
+    std::fs::write(dir.path().join("taken.db.spool"), "mine").unwrap();
+    let (code, said) = save(exact_config(&source, &target, "k8s-dr"), taken.clone()).await;
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("never overwritten") && !taken.exists(), "{said}");
+    assert_eq!(std::fs::read(dir.path().join("taken.db.spool")).unwrap(), b"mine");
 }

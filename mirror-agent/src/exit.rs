@@ -63,9 +63,17 @@ mod tests {
         assert_eq!(codes, [0, 1, 2, 3, 4, 5]);
         let table = include_str!("../../docs/operations.md");
         let row = |cmd: &str| table.lines().find(|l| l.starts_with(&format!("| `{cmd}"))).map(str::to_owned);
-        for cmd in
-            ["check-config", "run", "status", "verify", "cutover", "failover", "retire", "failback-plan"]
-        {
+        for cmd in [
+            "check-config",
+            "run",
+            "status",
+            "verify",
+            "cutover",
+            "failover",
+            "retire",
+            "failback-plan",
+            "snapshot save",
+        ] {
             assert!(row(cmd).is_some(), "docs/operations.md's exit-code table has a row for {cmd}");
         }
     }

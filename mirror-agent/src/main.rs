@@ -29,6 +29,7 @@ mod metrics;
 mod progress;
 mod reporter;
 mod retire;
+mod snapshot;
 mod summary;
 mod verify;
 
@@ -140,6 +141,12 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         max_diffs: usize,
     },
+    /// Seed an exact replica (`sync.revisions = "exact"`): save the source's snapshot to FILE,
+    /// spool its revisions to FILE.spool until the link runs, and print the restore steps.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+    },
     /// Summarize a running agent's /statusz (phase, lag, progress, unhealthy conditions).
     Status {
         /// Base URL of the agent's HTTP server.
@@ -156,6 +163,25 @@ enum Command {
     CheckConfig {
         /// The TOML config file.
         file: PathBuf,
+    },
+}
+
+/// `snapshot` subcommands.
+#[derive(Subcommand)]
+enum SnapshotAction {
+    /// Save the snapshot, spool, print R0 and the restore commands, spool until the link runs.
+    Save {
+        /// Where the snapshot goes (FILE.spool and FILE.json beside it); never overwritten.
+        file: PathBuf,
+        /// The TOML config file of the exact link.
+        #[arg(long)]
+        config: PathBuf,
+        /// An etcd user allowed to take a snapshot (root), instead of the config's source user.
+        #[arg(long, requires = "admin_password_file")]
+        admin_user: Option<String>,
+        /// File holding that user's password.
+        #[arg(long, requires = "admin_user")]
+        admin_password_file: Option<PathBuf>,
     },
 }
 
@@ -178,6 +204,14 @@ fn main() -> ExitCode {
         Command::Retire { config, force } => one_shot(&config, |c| retire::retire(c, force)),
         Command::Verify { config, revision, max_diffs } => {
             one_shot(&config, |c| verify::verify(c, revision, max_diffs))
+        }
+        Command::Snapshot {
+            action: SnapshotAction::Save { file, config, admin_user, admin_password_file },
+        } => {
+            let admin = admin_user
+                .zip(admin_password_file)
+                .map(|(user, password_file)| snapshot::Admin { user, password_file });
+            one_shot(&config, |c| snapshot::save(c, file, admin))
         }
     }
 }

@@ -179,6 +179,10 @@ pub struct SyncSection {
     /// Exact mode: the TTL of every target lease the agent grants (or the source's TTL where
     /// longer), so that no target lease runs out while every agent is down this long.
     pub exact_lease_hold: HumanDuration,
+    /// Exact mode: the snapshot file `mirror-agent snapshot save` wrote (empty: none). Its
+    /// `.json` proves a target restored from it after the source compacted past its revision,
+    /// and its `.spool` holds the source revisions the source has compacted since.
+    pub exact_seed: String,
 }
 
 /// `sync.revisions`.
@@ -213,6 +217,7 @@ impl Default for SyncSection {
             leases: LeaseMode::Strip,
             revisions: Revisions::Compact,
             exact_lease_hold: HumanDuration::secs(3600),
+            exact_seed: String::new(),
         }
     }
 }

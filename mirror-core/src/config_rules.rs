@@ -45,6 +45,9 @@ impl Config {
     /// outside its one Txn per revision is named.
     fn check_exact(&self, v: &mut Rules) {
         if !self.exact() {
+            if !self.sync.exact_seed.is_empty() {
+                v.add("sync.exact_seed", "applies only with sync.revisions = \"exact\"");
+            }
             return;
         }
         const WHY: &str = "with sync.revisions = \"exact\"";

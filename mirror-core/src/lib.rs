@@ -52,7 +52,7 @@ mod units;
 
 pub use auth::{read_password, Auth};
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy, ThrottleState};
-pub use change::{Change, ExactRevision};
+pub use change::{Change, ExactRevision, Malformed};
 pub use condition::{Condition, ConditionType, UnknownCondition};
 pub use config::{
     Backoff, CheckpointSection, Config, ConfigError, Ha, Http, InitialSync, InitialSyncMode, LeaseMode, Mode,

@@ -62,7 +62,8 @@ impl Applies {
             | "sync.dial_timeout"
             | "sync.trust_progress_notify"
             | "ha.lease_ttl"
-            | "sync.exact_lease_hold" => Applies::NextRun,
+            | "sync.exact_lease_hold"
+            | "sync.exact_seed" => Applies::NextRun,
             "sync.txn_flush_bytes"
             | "sync.page_key_limit"
             | "sync.page_bytes"

@@ -40,7 +40,9 @@
 //!
 //! - [`ExactWatch`] (exact mode, SPEC §10) reads a watch of the whole keyspace with prev_kv as
 //!   whole revisions, each the one after the last: a revision number skipped is reported as
-//!   loss, never passed over.
+//!   loss, never passed over. [`SpoolWriter`] / [`SpoolReader`] keep such revisions on disk
+//!   (checksummed records, read whole while the file grows) for a seed that outlives the
+//!   source's compaction.
 //!
 //! ## What it deliberately does not do
 //! It writes nothing: committing batches under the fence is the agent's job.
@@ -54,6 +56,7 @@ mod forward;
 mod history;
 mod idle;
 mod source;
+mod spool;
 
 use etcd_client::{Client, WatchOptions, WatchStream};
 use mirror_core::{EtcdError, KeyRewriter, Side};
@@ -72,6 +75,7 @@ pub use idle::{prove_unchanged, IdleProof};
 /// reconcile).
 pub use mirror_core::{Op, OpChunker};
 pub use source::{Deliveries, Delivery, WatchEnd};
+pub use spool::{SpoolError, SpoolReader, SpoolWriter};
 
 /// The largest unfragmented watch response the client accepts. Most responses are far
 /// smaller; a catch-up after downtime bundles up to 1 000 revisions (200 MB of 200 KiB values)

@@ -21,13 +21,16 @@ use tracing::{error, warn};
 
 use crate::reporter::Reporter;
 
+pub(crate) mod digest;
 mod leases;
 mod seed;
 mod tail;
 
+pub(crate) use tail::compacted_revision;
+
 /// Why a run of the exact link ended.
 #[derive(Debug)]
-enum Stop {
+pub(crate) enum Stop {
     /// An etcd call failed: try the run again from the checkpoint.
     Etcd(EtcdError),
     /// The replica cannot go on: stop writing (phase `failed`).

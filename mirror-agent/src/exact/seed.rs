@@ -8,6 +8,7 @@ use mirror_fence::{Checkpoint, ExactFence, Stamp};
 use mirror_reconcile::RangeReader;
 use tracing::info;
 
+use super::digest::{digest_at, SeedFile};
 use super::{timeout, Stop};
 
 /// Where the tail starts.
@@ -36,7 +37,7 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     let source_cluster = src.header().map_or(0, |h| h.cluster_id());
     let placed = |fence, watermark| Placed { fence, watermark, target_cluster, source_cluster };
     let Some(kv) = resp.kvs().first() else {
-        prove_restore(cfg, source, target, head, source_head).await?;
+        prove_restore(cfg, source, target, head, source_head, source_cluster).await?;
         info!(r0 = head, "the target is the source's snapshot at its revision: the replica starts there");
         return Ok(placed(ExactFence::new(key, head), head));
     };
@@ -87,13 +88,15 @@ fn count_only() -> GetOptions {
 
 /// A target without the link's checkpoint must be the source's snapshot: its revision R0 is
 /// one the source has reached and not compacted, and every key agrees at R0 in value, create
-/// and mod revision, version and lease (reserved keys left out).
+/// and mod revision, version and lease (reserved keys left out). Where the source compacted
+/// past R0, the seed's digest of the source at R0 stands for the source ([`prove_by_seed`]).
 async fn prove_restore(
     cfg: &Config,
     source: &Client,
     target: &Client,
     r0: i64,
     source_head: i64,
+    source_cluster: u64,
 ) -> Result<(), Stop> {
     if source_head < r0 {
         return Err(Stop::lost(
@@ -123,6 +126,9 @@ async fn prove_restore(
             e.into()
         }
     };
+    if !cfg.sync.exact_seed.is_empty() && !source_holds(cfg, source, r0).await? {
+        return prove_by_seed(cfg, target, r0, source_cluster).await;
+    }
     let mut compared = 0u64;
     loop {
         let a = next_unreserved(&mut theirs).await.map_err(compacted)?;
@@ -145,6 +151,54 @@ async fn prove_restore(
         compared += 1;
     }
     info!(keys = compared, r0, "every key agrees at the snapshot's revision");
+    Ok(())
+}
+
+/// Whether the source still holds revision `r0` (a read there is not refused as compacted).
+async fn source_holds(cfg: &Config, source: &Client, r0: i64) -> Result<bool, Stop> {
+    let mut kv = source.kv_client();
+    let read = kv.get(vec![0], Some(count_only().with_revision(r0)));
+    match unary("source at R0", Side::Source, timeout(cfg), read).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.fault == Fault::Compacted => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The source compacted past R0: the seed's digest, taken from the source at R0 when the
+/// snapshot was saved, stands for it; the target at R0 must digest the same.
+async fn prove_by_seed(cfg: &Config, target: &Client, r0: i64, source_cluster: u64) -> Result<(), Stop> {
+    let path = std::path::Path::new(&cfg.sync.exact_seed);
+    let seed = SeedFile::read(path).map_err(|e| Stop::lost(Reason::ReseedRequired, format!("{e:#}")))?;
+    let refuse = |what: String| {
+        Stop::lost(Reason::ReseedRequired, format!("the target is not the seed {}: {what}", path.display()))
+    };
+    if seed.link_uid != cfg.link_uid {
+        return Err(refuse(format!("it was saved for link {:?}", seed.link_uid)));
+    }
+    if seed.source_cluster_id != source_cluster {
+        return Err(refuse(format!(
+            "it was saved from cluster {:x}, and the source is {source_cluster:x}",
+            seed.source_cluster_id
+        )));
+    }
+    let Some(digest) = seed.digest else {
+        return Err(refuse("it holds no digest (the source compacted before it was taken)".into()));
+    };
+    if digest.revision != r0 {
+        return Err(refuse(format!(
+            "the target is at revision {r0} and the snapshot at {}",
+            digest.revision
+        )));
+    }
+    let ours = digest_at(cfg, target, Side::Target, r0).await?;
+    if ours != digest {
+        return Err(refuse(format!(
+            "at revision {r0} the target holds {} keys with digest {}, the source held {} with {}",
+            ours.keys, ours.sha256, digest.keys, digest.sha256
+        )));
+    }
+    info!(r0, keys = ours.keys, "the target digests as the seed's source did at R0");
     Ok(())
 }
 

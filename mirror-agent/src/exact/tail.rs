@@ -9,7 +9,7 @@ use mirror_core::{
     now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
 };
 use mirror_fence::{Answer, Checkpoint, Landing, Role};
-use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
+use mirror_watch::{ExactDelivery, ExactError, ExactWatch, SpoolReader};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -71,31 +71,26 @@ impl<'c> Tail<'c> {
                 delivered = watch.next() => match delivered {
                     Ok(ExactDelivery::Revisions(revisions)) => {
                         for rev in revisions {
-                            leases.ensure(&rev).await?;
-                            self.land(&rev).await?;
-                            leases.release(&rev).await?;
-                            reporter.update(|s| {
-                                s.watermark = rev.revision;
-                                s.source_revision = s.source_revision.max(rev.revision);
-                                s.keys_applied_total += rev.changes.len() as u64;
-                                s.last_progress_time = Some(now_rfc3339());
-                                s.confirmed_time = Some(now_rfc3339());
-                            });
-                            reporter.revisions_landed(1);
+                            self.apply(&rev, &mut leases, reporter).await?;
                         }
                     }
                     Ok(ExactDelivery::Reply(header)) => {
                         reporter.update(|s| s.source_revision = s.source_revision.max(header));
                     }
                     Ok(ExactDelivery::Compacted(at)) => {
-                        return Err(Stop::lost(
-                            Reason::ReseedRequired,
-                            format!(
-                                "the source compacted to revision {at}, past the replica's next revision {}: the \
-                                 history between is gone; re-seed the target",
-                                self.placed.watermark + 1
-                            ),
-                        ))
+                        // The seed's spool may hold what the source compacted away.
+                        let from = self.placed.watermark + 1;
+                        if self.replay_spool(&mut leases, reporter).await? == 0 {
+                            return Err(Stop::lost(
+                                Reason::ReseedRequired,
+                                format!(
+                                    "the source compacted to revision {at}, past the replica's next revision {from}, \
+                                     and no spool (sync.exact_seed) holds it: the history between is gone; re-seed \
+                                     the target"
+                                ),
+                            ));
+                        }
+                        watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
                     }
                     Err(ExactError::Missing { .. }) => {
                         let err = delivered.err().map(|e| e.to_string()).unwrap_or_default();
@@ -119,6 +114,69 @@ impl<'c> Tail<'c> {
                 _ = fence.tick() => self.check_fence().await?,
             }
         }
+    }
+
+    /// Lands one revision with its leases around it, and says so in status.
+    async fn apply(
+        &mut self,
+        rev: &ExactRevision,
+        leases: &mut TargetLeases,
+        reporter: &Reporter,
+    ) -> Result<(), Stop> {
+        leases.ensure(rev).await?;
+        self.land(rev).await?;
+        leases.release(rev).await?;
+        reporter.update(|s| {
+            s.watermark = rev.revision;
+            s.source_revision = s.source_revision.max(rev.revision);
+            s.keys_applied_total += rev.changes.len() as u64;
+            s.last_progress_time = Some(now_rfc3339());
+            s.confirmed_time = Some(now_rfc3339());
+        });
+        reporter.revisions_landed(1);
+        Ok(())
+    }
+
+    /// Applies the seed's spooled revisions from the watermark on, as far as the spool goes
+    /// without a gap; how many it applied.
+    async fn replay_spool(&mut self, leases: &mut TargetLeases, reporter: &Reporter) -> Result<u64, Stop> {
+        if self.cfg.sync.exact_seed.is_empty() {
+            return Ok(0);
+        }
+        let path = super::digest::spool_path(std::path::Path::new(&self.cfg.sync.exact_seed));
+        let mut spool = SpoolReader::open(&path)
+            .map_err(|e| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display())))?;
+        let mut applied = 0;
+        loop {
+            let next = spool
+                .read_next()
+                .map_err(|e| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display())))?;
+            let Some(rev) = next else { break };
+            let want = self.placed.watermark + 1;
+            if rev.revision < want {
+                continue;
+            }
+            if rev.revision > want {
+                return Err(Stop::lost(
+                    Reason::RevisionMissing,
+                    format!(
+                        "the spool {} starts at revision {}, after the replica's next {want}",
+                        path.display(),
+                        rev.revision
+                    ),
+                ));
+            }
+            self.apply(&rev, leases, reporter).await?;
+            applied += 1;
+        }
+        if applied > 0 {
+            info!(
+                applied,
+                watermark = self.placed.watermark,
+                "applied the seed's spooled revisions the source compacted"
+            );
+        }
+        Ok(applied)
     }
 
     /// Lands source revision `rev` as target revision `rev.revision`, retrying its Txn through
@@ -242,7 +300,7 @@ impl<'c> Tail<'c> {
 
 /// The source's compacted revision, learned without admin rights: a watch from revision 1 of a
 /// key nobody writes is cancelled with it (`None`: not compacted, or not said within a second).
-async fn compacted_revision(source: &mut Client, cfg: &Config) -> Result<Option<i64>, Stop> {
+pub(crate) async fn compacted_revision(source: &mut Client, cfg: &Config) -> Result<Option<i64>, Stop> {
     let key = [&cfg.checkpoint_key()[..], b"/compaction-probe"].concat();
     let opts = WatchOptions::new().with_start_revision(1);
     let stream = source.watch_client().watch(key, Some(opts)).await;

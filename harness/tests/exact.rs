@@ -12,7 +12,7 @@ use harness::exact::{
 };
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
 use harness::{load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
-use mirror_core::{ErrorClass, Phase};
+use mirror_core::{AgentRole, ErrorClass, Phase};
 use rstest::rstest;
 
 async fn cluster(version: EtcdVersion) -> EtcdCluster {
@@ -61,7 +61,8 @@ fn keep_alive(mut client: Client, id: i64) -> tokio::task::JoinHandle<()> {
 /// the source keeps alive has keys and the source takes writes and compacts past R0 before
 /// the target is up, then churn (puts, deletes, range deletes, multi-op Txns, leases expiring
 /// and revoked, a source compaction the target follows), a kill -9 of the agent and an outage
-/// longer than the TTL of a lease granted after the seed. After each fault: target revision =
+/// longer than the TTL of a lease granted after the seed, with two HA replicas running at once and
+/// a kill -9 of the leading one. After each fault: target revision =
 /// source revision and every key agrees; both sides refuse a read below the compaction; and
 /// etcdctl's watch from several revisions, one taken before the kill, prints the same events.
 #[rstest]
@@ -97,9 +98,13 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
         "the restore is at the R0 it printed\n{}",
         save.printed
     );
-    let config = config.overlay(&format!("[sync]\nexact_seed = {:?}", save.file.display().to_string()));
-    let mut agent = AgentProcess::start(&config).await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    // Two HA replicas at once: the fence decides which lands each revision.
+    let config = config
+        .overlay(&format!("[sync]\nexact_seed = {:?}", save.file.display().to_string()))
+        .overlay("[ha]\nenabled = true");
+    let mut agents =
+        vec![AgentProcess::start(&config).await.unwrap(), AgentProcess::start(&config).await.unwrap()];
+    assert_exact(&agents[0], &mut src, &mut dst, "after the seed").await;
     assert_eq!(
         save.wait(Duration::from_secs(30)).await.unwrap(),
         Some(0),
@@ -112,25 +117,41 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
     src.lease_revoke(long).await.unwrap();
     keeper.abort();
     churn.await.unwrap().unwrap();
-    // The snapshot lease ends on the source and the agent revokes it on the target: from here
+    // The snapshot lease ends on the source and the agents revoke it on the target: from here
     // an outage longer than its 5 s loses nothing.
     gone(&mut src, "/registry/masterleases/").await;
     let compact_at = current_revision(&mut src).await.unwrap() - 50;
     src.compact(compact_at, None).await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the churn").await;
+    for agent in &agents {
+        assert_exact(agent, &mut src, &mut dst, "after the churn").await;
+    }
+    let roles = [agents[0].status().await.unwrap().role, agents[1].status().await.unwrap().role];
+    assert!(roles.contains(&AgentRole::Standby), "one replica stands by while the other lands: {roles:?}");
     let before_kill = current_revision(&mut src).await.unwrap();
 
-    // kill -9, a lease granted after the seed (3 s, kept alive by the source) outlived by an
-    // outage of the agent, writes meanwhile.
+    // kill -9 of the leading replica under churn: the other takes over.
+    let leading = usize::from(roles[0] == AgentRole::Standby);
+    let churn = Churn::new("/registry/services/", 300, 150, 60).seed(5).spawn(src.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agents[leading].kill9().await.unwrap();
+    churn.await.unwrap().unwrap();
+    assert_exact(&agents[1 - leading], &mut src, &mut dst, "after the leading replica's kill -9").await;
+
+    // A lease granted after the seed (3 s, kept alive by the source) outlives an outage of
+    // every agent longer than its TTL, with writes meanwhile.
     let fresh = src.lease_grant(3, None).await.unwrap().id();
     let fresh_keeper = keep_alive(src.clone(), fresh);
     src.put("/registry/leases/node-1", "held", Some(PutOptions::new().with_lease(fresh))).await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "with the fresh lease").await;
-    agent.kill9().await.unwrap();
+    assert_exact(&agents[1 - leading], &mut src, &mut dst, "with the fresh lease").await;
+    agents[1 - leading].kill9().await.unwrap();
     Churn::new("/registry/secrets/", 200, 100, 40).seed(7).spawn(src.clone()).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    agent.restart().await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the kill and the outage").await;
+    for agent in &mut agents {
+        agent.restart().await.unwrap();
+    }
+    for agent in &agents {
+        assert_exact(agent, &mut src, &mut dst, "after every agent's outage").await;
+    }
     fresh_keeper.abort();
 
     // The target follows the compaction: a read below it is refused on both sides.
@@ -153,8 +174,10 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
         assert!(!theirs.is_empty(), "the source's history from {from} has events");
         assert_eq!(theirs, ours, "etcdctl watch --rev {from} --prev-kv differs between the sides");
     }
-    let status = agent.status().await.unwrap();
-    assert_eq!((status.phase, status.watermark), (Phase::Syncing, head), "{:?}", status.last_error);
+    for agent in &agents {
+        let status = agent.status().await.unwrap();
+        assert_eq!((status.phase, status.watermark), (Phase::Syncing, head), "{:?}", status.last_error);
+    }
 }
 
 /// A key written on the target by anyone but the link, which the source then changes: the

@@ -6,13 +6,15 @@
 //!   so they outlive an outage of every agent.
 //! - Every one is kept alive at a third of its TTL, and revoked only once the Txn that took its
 //!   last key has landed: then it holds no key, and a revoke adds no revision.
-//! - One that is found gone is a foreign write: its keys went at a revision the source never had.
+//! - One found gone that held keys deleted them at a revision the source never had: the tail's
+//!   fence check names it as a foreign write. One gone without keys (revoked by another replica
+//!   of the link) changed nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions};
-use mirror_core::{unary, ExactRevision, Fault, Reason, Side};
+use mirror_core::{unary, ExactRevision, Fault, Side};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -56,7 +58,9 @@ impl TargetLeases {
             let id = lease.id();
             let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
             leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold });
-            leases.keep(id).await?;
+            if !leases.keep(id).await? {
+                leases.held.remove(&id);
+            }
         }
         info!(leases = leases.held.len(), "target leases adopted and kept alive");
         Ok(leases)
@@ -102,7 +106,9 @@ impl TargetLeases {
     }
 
     /// After Txn `rev` landed: revokes each lease one of its changes left that holds no key on
-    /// the target any more (no key: the revoke adds no revision).
+    /// the target any more (no key: the revoke adds no revision). A lease already gone was
+    /// revoked by another replica, or lapsed holding no key: nothing to do either way (one that
+    /// lapsed holding keys deleted them at a revision of its own, which the fence finds).
     pub(super) async fn release(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
         let left: std::collections::BTreeSet<i64> =
             rev.changes.iter().map(mirror_core::Change::left_lease).filter(|l| *l != 0).collect();
@@ -112,60 +118,62 @@ impl TargetLeases {
             let resp =
                 unary("lease keys", Side::Target, self.timeout, client.time_to_live(id, Some(opts))).await?;
             if resp.ttl() < 0 {
-                return Err(self.ran_out(id));
+                self.held.remove(&id);
+                continue;
             }
             if resp.keys().is_empty() {
                 match unary("lease revoke", Side::Target, self.timeout, client.revoke(id)).await {
-                    Ok(_) => {}
-                    Err(e) if e.fault == Fault::LeaseNotFound => return Err(self.ran_out(id)),
+                    Ok(_) => debug!(lease = id, "target lease revoked: its last key is gone"),
+                    Err(e) if e.fault == Fault::LeaseNotFound => {}
                     Err(e) => return Err(e.into()),
                 }
-                debug!(lease = id, "target lease revoked: its last key is gone");
                 self.held.remove(&id);
             }
         }
         Ok(())
     }
 
-    /// Keeps alive every lease a third of whose TTL has passed since it was last kept.
-    pub(super) async fn keep_due(&mut self) -> Result<(), Stop> {
+    /// Keeps alive every lease a third of whose TTL has passed since it was last kept; the
+    /// leases found gone, each named (the caller checks whether their keys went with them).
+    pub(super) async fn keep_due(&mut self) -> Result<Vec<String>, Stop> {
         let due: Vec<i64> = self
             .held
             .iter()
             .filter(|(_, h)| h.kept.elapsed() >= Duration::from_secs((h.ttl / 3).max(1) as u64))
             .map(|(id, _)| *id)
             .collect();
+        let mut gone = Vec::new();
         for id in due {
-            self.keep(id).await?;
+            if !self.keep(id).await? {
+                gone.push(self.describe(id));
+                self.held.remove(&id);
+            }
         }
-        Ok(())
+        Ok(gone)
     }
 
-    async fn keep(&mut self, id: i64) -> Result<(), Stop> {
+    /// One keep-alive; false when the lease is gone.
+    async fn keep(&mut self, id: i64) -> Result<bool, Stop> {
         let mut client = self.target.lease_client();
         match unary("lease keep-alive", Side::Target, self.timeout, client.keep_alive(id)).await {
             Ok(_) => {}
-            Err(e) if e.fault == Fault::LeaseNotFound => return Err(self.ran_out(id)),
+            Err(e) if e.fault == Fault::LeaseNotFound => return Ok(false),
             Err(e) => return Err(e.into()),
         }
         if let Some(h) = self.held.get_mut(&id) {
             h.kept = Instant::now();
         }
-        Ok(())
+        Ok(true)
     }
 
-    fn ran_out(&self, id: i64) -> Stop {
-        let what = match self.held.get(&id) {
-            Some(h) if h.snapshot => format!("a lease that came with the snapshot (TTL {} s)", h.ttl),
-            _ => "a lease the link granted".to_owned(),
-        };
-        Stop::lost(
-            Reason::ForeignWrite,
-            format!(
-                "target lease {id:x}, {what}, ran out or was revoked: its keys went at a target revision the source \
-                 never had; re-seed the target"
-            ),
-        )
+    /// A lease in words, for a message.
+    fn describe(&self, id: i64) -> String {
+        match self.held.get(&id) {
+            Some(h) if h.snapshot => {
+                format!("target lease {id:x} (it came with the snapshot, TTL {} s)", h.ttl)
+            }
+            _ => format!("target lease {id:x} (granted by the link)"),
+        }
     }
 
     async fn ttl_of_target(&self, id: i64) -> Result<Option<i64>, Stop> {

@@ -23,6 +23,7 @@ use crate::reporter::Reporter;
 
 pub(crate) mod digest;
 mod leases;
+mod replica;
 mod seed;
 mod tail;
 
@@ -119,7 +120,8 @@ async fn run_once(
         Err(stop) => return stop,
     };
     backoff.reset();
-    tail::Tail::new(cfg, source, target, placed).run(reporter, shutdown).await
+    let me = reporter.read(|s| s.agent_id.clone());
+    tail::Tail::new(cfg, source, target, placed, me).run(reporter, shutdown).await
 }
 
 /// The deadline of one unary call.

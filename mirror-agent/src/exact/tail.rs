@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::leases::TargetLeases;
+use super::replica::{Replicas, Turn};
 use super::seed::Placed;
 use super::{timeout, Stop};
 use crate::reporter::Reporter;
@@ -33,11 +34,19 @@ pub(super) struct Tail<'c> {
     placed: Placed,
     /// The target's compaction as the link moved it (0: not yet).
     compacted: i64,
+    /// This agent's ID, written into every record it lands.
+    me: String,
 }
 
 impl<'c> Tail<'c> {
-    pub(super) fn new(cfg: &'c Config, source: Client, target: Client, placed: Placed) -> Tail<'c> {
-        Tail { cfg, source, target, placed, compacted: 0 }
+    pub(super) fn new(
+        cfg: &'c Config,
+        source: Client,
+        target: Client,
+        placed: Placed,
+        me: String,
+    ) -> Tail<'c> {
+        Tail { cfg, source, target, placed, compacted: 0, me }
     }
 
     /// Tails until something stops it.
@@ -57,6 +66,8 @@ impl<'c> Tail<'c> {
         let mut leases =
             TargetLeases::adopt(self.source.clone(), self.target.clone(), hold, timeout(self.cfg)).await?;
         let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
+        let mut replicas =
+            Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;
         reporter.update(|s| {
             s.watermark = self.placed.watermark;
             s.leases.preserved = leases.snapshot_leases().0 as u64;
@@ -71,7 +82,7 @@ impl<'c> Tail<'c> {
                 delivered = watch.next() => match delivered {
                     Ok(ExactDelivery::Revisions(revisions)) => {
                         for rev in revisions {
-                            self.apply(&rev, &mut leases, reporter).await?;
+                            self.apply(&rev, &mut leases, &mut replicas, reporter).await?;
                         }
                     }
                     Ok(ExactDelivery::Reply(header)) => {
@@ -80,7 +91,7 @@ impl<'c> Tail<'c> {
                     Ok(ExactDelivery::Compacted(at)) => {
                         // The seed's spool may hold what the source compacted away.
                         let from = self.placed.watermark + 1;
-                        if self.replay_spool(&mut leases, reporter).await? == 0 {
+                        if self.replay_spool(&mut leases, &mut replicas, reporter).await? == 0 {
                             return Err(Stop::lost(
                                 Reason::ReseedRequired,
                                 format!(
@@ -105,29 +116,44 @@ impl<'c> Tail<'c> {
                     }
                 },
                 _ = keep.tick() => {
-                    leases.keep_due().await?;
+                    let gone = leases.keep_due().await?;
+                    if !gone.is_empty() {
+                        self.check_fence(&format!("; {} ran out or was revoked", gone.join(", "))).await?;
+                    }
                     let (left, shortest) = leases.snapshot_leases();
                     reporter.update(|s| s.leases.preserved = left as u64);
                     let _ = shortest;
                 }
                 _ = compaction.tick() => self.follow_compaction().await?,
-                _ = fence.tick() => self.check_fence().await?,
+                _ = fence.tick() => self.check_fence("").await?,
             }
         }
     }
 
-    /// Lands one revision with its leases around it, and says so in status.
+    /// Lands one revision (or finds another replica landed it) with its leases around it, and
+    /// says so in status.
     async fn apply(
         &mut self,
         rev: &ExactRevision,
         leases: &mut TargetLeases,
+        replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
-        leases.ensure(rev).await?;
-        self.land(rev).await?;
+        match replicas.turn(rev.revision).await? {
+            Turn::Landed => self.placed.watermark = rev.revision,
+            Turn::Send => {
+                leases.ensure(rev).await?;
+                match self.land(rev).await? {
+                    Landing::Landed => replicas.landed_by_me(rev.revision),
+                    Landing::Behind { at } => replicas.landed_elsewhere(at),
+                    _ => replicas.landed_elsewhere(rev.revision),
+                }
+            }
+        }
         leases.release(rev).await?;
         reporter.update(|s| {
             s.watermark = rev.revision;
+            s.role = replicas.role();
             s.source_revision = s.source_revision.max(rev.revision);
             s.keys_applied_total += rev.changes.len() as u64;
             s.last_progress_time = Some(now_rfc3339());
@@ -139,7 +165,12 @@ impl<'c> Tail<'c> {
 
     /// Applies the seed's spooled revisions from the watermark on, as far as the spool goes
     /// without a gap; how many it applied.
-    async fn replay_spool(&mut self, leases: &mut TargetLeases, reporter: &Reporter) -> Result<u64, Stop> {
+    async fn replay_spool(
+        &mut self,
+        leases: &mut TargetLeases,
+        replicas: &mut Replicas,
+        reporter: &Reporter,
+    ) -> Result<u64, Stop> {
         if self.cfg.sync.exact_seed.is_empty() {
             return Ok(0);
         }
@@ -166,7 +197,7 @@ impl<'c> Tail<'c> {
                     ),
                 ));
             }
-            self.apply(&rev, leases, reporter).await?;
+            self.apply(&rev, leases, replicas, reporter).await?;
             applied += 1;
         }
         if applied > 0 {
@@ -181,7 +212,7 @@ impl<'c> Tail<'c> {
 
     /// Lands source revision `rev` as target revision `rev.revision`, retrying its Txn through
     /// transient errors (a retry of a Txn that landed is judged `AlreadyLanded`).
-    async fn land(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
+    async fn land(&mut self, rev: &ExactRevision) -> Result<Landing, Stop> {
         let record = self.record(rev.revision).encode().map_err(|e| {
             Stop::lost(
                 Reason::InvalidCheckpointRecord,
@@ -208,18 +239,16 @@ impl<'c> Tail<'c> {
                 Err(e) => return Err(e.into()),
             };
             return match self.placed.fence.judge(rev.revision, &Answer::of(&resp)) {
-                Landing::Landed | Landing::AlreadyLanded => {
+                landing @ (Landing::Landed | Landing::AlreadyLanded) => {
                     self.placed.watermark = rev.revision;
-                    Ok(())
+                    Ok(landing)
                 }
-                Landing::Behind { at } => Err(Stop::Etcd(mirror_core::EtcdError::new(
-                    "exact txn",
-                    Side::Target,
-                    etcd_client::Error::InvalidArgs(format!(
-                        "the target holds source revision {at}, past {}: another agent of the link is ahead",
-                        rev.revision
-                    )),
-                ))),
+                // Another replica of the link landed this revision and more: go on from there
+                // (the revisions up to it are skipped as they arrive).
+                Landing::Behind { at } => {
+                    self.placed.watermark = rev.revision;
+                    Ok(Landing::Behind { at })
+                }
                 Landing::Overtaken => Err(Stop::lost(
                     Reason::ForeignWrite,
                     format!(
@@ -246,7 +275,7 @@ impl<'c> Tail<'c> {
             prune_pending: false,
             source_cluster_id: self.placed.source_cluster,
             target_cluster_id: self.placed.target_cluster,
-            agent_id: crate::engine::hostname(),
+            agent_id: self.me.clone(),
             commit: String::new(),
             range: cfg.rewriter().range_fingerprint(),
             confirmed_time: now_rfc3339(),
@@ -257,21 +286,21 @@ impl<'c> Tail<'c> {
         }
     }
 
-    /// An idle tail's check that nothing else wrote the target: its revision is still the one
-    /// the checkpoint was put at.
-    async fn check_fence(&mut self) -> Result<(), Stop> {
+    /// The check that nothing but the link wrote the target since its last Txn: the target's
+    /// revision is still the one its checkpoint was put at (another replica's Txns included),
+    /// and that is not behind what this agent landed. `also` names what prompted it.
+    async fn check_fence(&mut self, also: &str) -> Result<(), Stop> {
         let key = self.placed.fence.key().to_vec();
-        let resp =
-            unary("read checkpoint", Side::Target, timeout(self.cfg), self.target.kv_client().get(key, None))
-                .await?;
+        let mut kv = self.target.kv_client();
+        let resp = unary("read checkpoint", Side::Target, timeout(self.cfg), kv.get(key, None)).await?;
         let head = resp.header().map_or(0, |h| h.revision());
         let at = resp.kvs().first().map_or(self.placed.fence.seed(), |kv| kv.mod_revision());
-        if head != self.placed.watermark || at != self.placed.watermark {
+        if head != at || at < self.placed.watermark {
             return Err(Stop::lost(
                 Reason::ForeignWrite,
                 format!(
-                    "the target is at revision {head}, its checkpoint at {at}, and the link landed source revision {}: \
-                     something other than this link wrote the target",
+                    "the target is at revision {head}, its checkpoint at {at}, and this agent landed up to source \
+                     revision {}: something other than the link wrote the target{also}",
                     self.placed.watermark
                 ),
             ));

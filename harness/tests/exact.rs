@@ -11,7 +11,7 @@ use harness::exact::{
     etcdctl_watch, exact_config, keyspace, keyspace_difference, refuses_read_at, seed, SnapshotSave,
 };
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
-use harness::{load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
+use harness::{agent_command, load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_core::{AgentRole, ErrorClass, Phase};
 use rstest::rstest;
 
@@ -178,6 +178,10 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
         let status = agent.status().await.unwrap();
         assert_eq!((status.phase, status.watermark), (Phase::Syncing, head), "{:?}", status.last_error);
     }
+    let verified = agent_command(&config, "verify", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(0), "{said}");
+    assert!(said.contains("EQUAL") && said.contains(&format!("target revision:         {head}")), "{said}");
 }
 
 /// A key written on the target by anyone but the link, which the source then changes: the
@@ -191,6 +195,7 @@ async fn a_foreign_write_stops_the_link_before_it_overwrites() {
     seed(&source, &mut target, "seed").await.unwrap();
     let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
     let mut dst = target.client().await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
 
     dst.put("/registry/pods/key-0000001", "foreign", None).await.unwrap();
@@ -200,6 +205,11 @@ async fn a_foreign_write_stops_the_link_before_it_overwrites() {
     assert_eq!((err.class, err.reason.as_str()), (ErrorClass::Permanent, "ForeignWrite"), "{}", err.message);
     let kept = dst.get("/registry/pods/key-0000001", None).await.unwrap();
     assert_eq!(kept.kvs()[0].value(), b"foreign", "the foreign write is not overwritten");
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let verified = agent_command(&cfg, "verify", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(1), "{said}");
+    assert!(said.contains("something other than the link wrote the target"), "{said}");
 }
 
 /// Targets that are not this source's snapshot are refused, naming what differs, and nothing

@@ -4,6 +4,11 @@
 //! G3 promises equality), the target pinned at one snapshot, and the two are merge-joined by
 //! `mirror-reconcile`. Counts and SHA-256 fingerprints of the ordered (target key, value) pairs
 //! of both sides are printed, then up to `--max-diffs` differing keys, redacted. It never writes.
+//!
+//! An exact link (`sync.revisions = "exact"`) is compared as SPEC §10 says: the target's
+//! revision must be the revision its checkpoint names (nothing else wrote it), and at that
+//! revision (or `--revision`) every key agrees in value, create and mod revision, version and
+//! lease, reserved keys left out.
 
 use crate::exit::Exit;
 use std::process::ExitCode;
@@ -25,6 +30,9 @@ pub async fn verify(config: Config, revision: Option<i64>, max_diffs: usize) -> 
 }
 
 async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow::Result<bool> {
+    if config.exact() {
+        return exact(config, revision, max_diffs).await;
+    }
     let rewriter = config.rewriter();
     let timeout = config.sync.request_timeout.get();
     let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
@@ -105,4 +113,49 @@ async fn run(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow:
         }
         Ok(false)
     }
+}
+
+/// `verify` of an exact link: both revisions, then every key with its metadata.
+async fn exact(config: Config, revision: Option<i64>, max_diffs: usize) -> anyhow::Result<bool> {
+    let timeout = config.sync.request_timeout.get();
+    let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
+    let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
+    let cp = unary(
+        "read checkpoint",
+        Side::Target,
+        timeout,
+        target.kv_client().get(config.checkpoint_key(), None),
+    )
+    .await?;
+    let target_revision = cp.header().map_or(0, |h| h.revision());
+    let Some(kv) = cp.kvs().first() else { anyhow::bail!("no checkpoint of this link in the target") };
+    let landed = Checkpoint::decode(kv.value())?.watermark;
+    let revision = revision.unwrap_or(landed);
+    anyhow::ensure!(
+        revision <= landed,
+        "--revision {revision} is past the last source revision landed, {landed}"
+    );
+    let found = crate::exact::compare::compare_at(&config, &source, &target, revision, max_diffs, 0).await?;
+    println!("source revision landed:  {landed}");
+    println!("target revision:         {target_revision}");
+    println!("compared at revision:    {revision}");
+    println!("keys equal:              {}", found.equal);
+    println!("keys differing:          {}", found.differences);
+    let same_revision = target_revision == kv.mod_revision() && kv.mod_revision() == landed;
+    if !same_revision {
+        println!(
+            "the target's revision is {target_revision} and its checkpoint was put at {} for source revision {landed}: \
+             something other than the link wrote the target",
+            kv.mod_revision()
+        );
+    }
+    if same_revision && found.differences == 0 {
+        println!("EQUAL");
+        return Ok(true);
+    }
+    println!("DIFFERENT; first {} differing keys:", found.shown.len());
+    for line in found.shown {
+        println!("  {line}");
+    }
+    Ok(false)
 }

@@ -21,6 +21,7 @@ use tracing::{error, warn};
 
 use crate::reporter::Reporter;
 
+pub(crate) mod compare;
 pub(crate) mod digest;
 mod leases;
 mod replica;

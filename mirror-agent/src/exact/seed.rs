@@ -2,12 +2,12 @@
 //! source at its revision R0, or refused), or a replica this link already writes (resumed from
 //! its checkpoint, or refused when something else wrote it since).
 
-use etcd_client::{Client, GetOptions, KeyValue};
-use mirror_core::{redact_key, unary, Config, Fault, KeyRange, PagerOptions, Reason, Side, RESERVED_MARKER};
+use etcd_client::{Client, GetOptions};
+use mirror_core::{unary, Config, Fault, Reason, Side};
 use mirror_fence::{Checkpoint, ExactFence, Stamp};
-use mirror_reconcile::RangeReader;
 use tracing::info;
 
+use super::compare::compare_at;
 use super::digest::{digest_at, SeedFile};
 use super::{timeout, Stop};
 
@@ -106,13 +106,9 @@ async fn prove_restore(
             ),
         ));
     }
-    let page = |op| {
-        PagerOptions::new(op, cfg.sync.page_key_limit, cfg.sync.page_bytes.bytes() as usize, timeout(cfg))
-            .at_revision(r0)
-    };
-    let all = || vec![KeyRange { start: vec![0], end: vec![0] }];
-    let mut theirs = RangeReader::new(source.kv_client(), Side::Source, all(), page("prove source at R0"));
-    let mut ours = RangeReader::new(target.kv_client(), Side::Target, all(), page("prove target at R0"));
+    if !cfg.sync.exact_seed.is_empty() && !source_holds(cfg, source, r0).await? {
+        return prove_by_seed(cfg, target, r0, source_cluster).await;
+    }
     let compacted = |e: mirror_core::EtcdError| {
         if e.fault == Fault::Compacted {
             Stop::lost(
@@ -126,30 +122,18 @@ async fn prove_restore(
             e.into()
         }
     };
-    if !cfg.sync.exact_seed.is_empty() && !source_holds(cfg, source, r0).await? {
-        return prove_by_seed(cfg, target, r0, source_cluster).await;
+    let found = compare_at(cfg, source, target, r0, 1, 1).await.map_err(compacted)?;
+    if let Some(what) = found.shown.first() {
+        return Err(Stop::lost(
+            Reason::ReseedRequired,
+            format!(
+                "the target is at revision {r0} like the source there, but its content differs ({} keys agreed \
+                 first): {what}; it is not a restore of this source's snapshot at {r0}",
+                found.equal
+            ),
+        ));
     }
-    let mut compared = 0u64;
-    loop {
-        let a = next_unreserved(&mut theirs).await.map_err(compacted)?;
-        let b = next_unreserved(&mut ours).await?;
-        let differs = match (&a, &b) {
-            (None, None) => break,
-            (Some(a), Some(b)) => differs(a, b),
-            (Some(a), None) => Some(format!("key {} is only in the source", redact_key(b"", a.key()))),
-            (None, Some(b)) => Some(format!("key {} is only in the target", redact_key(b"", b.key()))),
-        };
-        if let Some(what) = differs {
-            return Err(Stop::lost(
-                Reason::ReseedRequired,
-                format!(
-                    "the target is at revision {r0} like the source there, but its content differs ({compared} keys \
-                     agreed first): {what}; it is not a restore of this source's snapshot at {r0}"
-                ),
-            ));
-        }
-        compared += 1;
-    }
+    let compared = found.equal;
     info!(keys = compared, r0, "every key agrees at the snapshot's revision");
     Ok(())
 }
@@ -200,36 +184,4 @@ async fn prove_by_seed(cfg: &Config, target: &Client, r0: i64, source_cluster: u
     }
     info!(r0, keys = ours.keys, "the target digests as the seed's source did at R0");
     Ok(())
-}
-
-/// The reader's next key outside the reserved namespace.
-async fn next_unreserved(reader: &mut RangeReader) -> Result<Option<KeyValue>, mirror_core::EtcdError> {
-    loop {
-        match reader.next().await? {
-            Some(kv) if kv.key().starts_with(RESERVED_MARKER.as_bytes()) => continue,
-            other => return Ok(other),
-        }
-    }
-}
-
-/// What differs between the source's and the target's copy of a key at one revision.
-fn differs(a: &KeyValue, b: &KeyValue) -> Option<String> {
-    if a.key() != b.key() {
-        let (first, side) = if a.key() < b.key() { (a.key(), "source") } else { (b.key(), "target") };
-        return Some(format!("key {} is only in the {side}", redact_key(b"", first)));
-    }
-    let field = if a.value() != b.value() {
-        "value"
-    } else if a.create_revision() != b.create_revision() {
-        "create_revision"
-    } else if a.mod_revision() != b.mod_revision() {
-        "mod_revision"
-    } else if a.version() != b.version() {
-        "version"
-    } else if a.lease() != b.lease() {
-        "lease"
-    } else {
-        return None;
-    };
-    Some(format!("key {} differs in {field}", redact_key(b"", a.key())))
 }

@@ -105,6 +105,15 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
     let mut agents =
         vec![AgentProcess::start(&config).await.unwrap(), AgentProcess::start(&config).await.unwrap()];
     assert_exact(&agents[0], &mut src, &mut dst, "after the seed").await;
+    // The two leases that came with the snapshot are counted, the shortest TTL shown.
+    let snapshot_leases = |n: u64, ttl: Option<i64>| {
+        move |s: &mirror_core::Status| {
+            s.exact
+                .as_ref()
+                .is_some_and(|e| e.snapshot_leases == n && e.shortest_snapshot_lease_ttl_seconds == ttl)
+        }
+    };
+    agents[0].wait_for("2 snapshot leases, 5 s", SYNC_TIMEOUT, snapshot_leases(2, Some(5))).await.unwrap();
     assert_eq!(
         save.wait(Duration::from_secs(30)).await.unwrap(),
         Some(0),
@@ -124,6 +133,7 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
     src.compact(compact_at, None).await.unwrap();
     for agent in &agents {
         assert_exact(agent, &mut src, &mut dst, "after the churn").await;
+        agent.wait_for("no snapshot lease left", SYNC_TIMEOUT, snapshot_leases(0, None)).await.unwrap();
     }
     let roles = [agents[0].status().await.unwrap().role, agents[1].status().await.unwrap().role];
     assert!(roles.contains(&AgentRole::Standby), "one replica stands by while the other lands: {roles:?}");

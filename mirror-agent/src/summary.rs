@@ -144,6 +144,27 @@ pub fn render(s: &Status, colour: bool) -> String {
                 writeln!(out, "last error {}", p.bad(&format!("{} {}: {}", e.class, e.reason, e.message)));
         }
     }
+    if let Some(e) = &s.exact {
+        let _ = writeln!(
+            out,
+            "exact       target revision {} = source revision landed; {} landed here, {} by another replica",
+            grouped(e.target_revision),
+            grouped(e.landed_here as i64),
+            grouped(e.landed_elsewhere as i64)
+        );
+        let leases = match e.shortest_snapshot_lease_ttl_seconds {
+            Some(ttl) => p.warn(&format!(
+                "{} snapshot leases left, shortest TTL {ttl} s: an outage of every agent longer loses the replica",
+                e.snapshot_leases
+            )),
+            None => "no snapshot lease left".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "            {leases}; spool {} bytes; target compacted at {}",
+            e.spool_bytes, e.compacted_revision
+        );
+    }
     if let Some(ha) = &s.ha {
         let leader = match (&ha.leader_agent_id, ha.leader) {
             (_, true) => p.good("this agent"),
@@ -229,6 +250,23 @@ mod tests {
     #[test]
     fn healthy() {
         insta::assert_snapshot!(render(&base(Phase::Syncing), false));
+    }
+
+    /// An exact replica: the target's revision is the source's, who landed the revisions, and
+    /// the snapshot lease whose TTL bounds an outage, flagged.
+    #[test]
+    fn exact() {
+        let mut s = base(Phase::Syncing);
+        s.exact = Some(mirror_core::ExactStatus {
+            target_revision: 1_234_567,
+            snapshot_leases: 2,
+            shortest_snapshot_lease_ttl_seconds: Some(15),
+            spool_bytes: 4096,
+            landed_here: 900,
+            landed_elsewhere: 12,
+            compacted_revision: 1_200_000,
+        });
+        insta::assert_snapshot!(render(&s, false));
     }
 
     /// An HA standby: who leads, and the Fenced condition with its reason.

@@ -125,6 +125,7 @@ fn every_status_field_and_condition_is_listed() {
             fix: Some(String::new()),
         }),
         ha: Some(HaStatus::default()),
+        exact: Some(crate::ExactStatus::default()),
         ..Status::default()
     };
     status.source.tls_cert_expiry = expiry.clone();

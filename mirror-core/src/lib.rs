@@ -73,8 +73,9 @@ pub use reason::Reason;
 pub use reload::{changed_fields, sort_changes, Applies};
 pub use shell::{delete_commands, shell_quote};
 pub use status::{
-    now_rfc3339, process_memory, AgentRole, CutoverStatus, ExcludedKeys, ForcedResyncs, HaStatus,
-    InitialSyncStatus, LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status, StatusHandle,
+    now_rfc3339, process_memory, AgentRole, CutoverStatus, ExactStatus, ExcludedKeys, ForcedResyncs,
+    HaStatus, InitialSyncStatus, LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status,
+    StatusHandle,
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};

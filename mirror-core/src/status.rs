@@ -135,6 +135,27 @@ pub struct LeaseStatus {
     pub keepalive_lag_seconds: f64,
 }
 
+/// `exact` of the status: an exact replica (SPEC §10).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExactStatus {
+    /// The target's revision: the last source revision landed (the watermark, as a revision of
+    /// both clusters).
+    pub target_revision: i64,
+    /// Leases that came with the snapshot and are still held: while one lives, an outage of
+    /// every agent longer than its TTL loses the replica.
+    pub snapshot_leases: u64,
+    /// The shortest TTL among them, seconds (`null`: none left).
+    pub shortest_snapshot_lease_ttl_seconds: Option<i64>,
+    /// Bytes of the seed's spool (`sync.exact_seed`), 0 without one.
+    pub spool_bytes: u64,
+    /// Revisions this agent landed since it started.
+    pub landed_here: u64,
+    /// Revisions another replica of the link landed (HA) since it started.
+    pub landed_elsewhere: u64,
+    /// The revision the link last compacted the target at, following the source (0: not yet).
+    pub compacted_revision: i64,
+}
+
 /// Progress of the genesis scan.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct InitialSyncStatus {
@@ -323,6 +344,9 @@ pub struct Status {
     /// The HA election, when `ha.enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ha: Option<HaStatus>,
+    /// Exact mode (`sync.revisions = "exact"`, SPEC §10); absent in compact mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<ExactStatus>,
     /// Since when the watermark trails the source revision (wall clock, not served).
     #[serde(skip)]
     pub behind_since: Option<SystemTime>,

@@ -66,6 +66,11 @@ impl TargetLeases {
         Ok(leases)
     }
 
+    /// Target leases held now.
+    pub(super) fn held(&self) -> usize {
+        self.held.len()
+    }
+
     /// Leases that came with the snapshot and are still held, and the shortest TTL among them.
     pub(super) fn snapshot_leases(&self) -> (usize, Option<i64>) {
         let snap = self.held.values().filter(|h| h.snapshot);

@@ -68,10 +68,9 @@ impl<'c> Tail<'c> {
         let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
         let mut replicas =
             Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;
-        reporter.update(|s| {
-            s.watermark = self.placed.watermark;
-            s.leases.preserved = leases.snapshot_leases().0 as u64;
-        });
+        reporter.update(|s| s.watermark = self.placed.watermark);
+        exact_status(reporter, |e| e.target_revision = self.placed.watermark);
+        self.report_leases_and_spool(&leases, reporter);
         reporter.set_phase(Phase::Syncing, Reason::Syncing);
         let mut keep = tokio::time::interval(KEEP_CHECK);
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
@@ -120,14 +119,31 @@ impl<'c> Tail<'c> {
                     if !gone.is_empty() {
                         self.check_fence(&format!("; {} ran out or was revoked", gone.join(", "))).await?;
                     }
-                    let (left, shortest) = leases.snapshot_leases();
-                    reporter.update(|s| s.leases.preserved = left as u64);
-                    let _ = shortest;
+                    self.report_leases_and_spool(&leases, reporter);
                 }
-                _ = compaction.tick() => self.follow_compaction().await?,
+                _ = compaction.tick() => {
+                    if let Some(at) = self.follow_compaction().await? {
+                        exact_status(reporter, |e| e.compacted_revision = at);
+                    }
+                }
                 _ = fence.tick() => self.check_fence("").await?,
             }
         }
+    }
+
+    /// Status of the target leases and the seed's spool.
+    fn report_leases_and_spool(&self, leases: &TargetLeases, reporter: &Reporter) {
+        let (left, shortest) = leases.snapshot_leases();
+        let spool = (!self.cfg.sync.exact_seed.is_empty())
+            .then(|| super::digest::spool_path(std::path::Path::new(&self.cfg.sync.exact_seed)))
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len());
+        reporter.update(|s| s.leases.preserved = leases.held() as u64);
+        exact_status(reporter, |e| {
+            e.snapshot_leases = left as u64;
+            e.shortest_snapshot_lease_ttl_seconds = shortest;
+            e.spool_bytes = spool;
+        });
     }
 
     /// Lands one revision (or finds another replica landed it) with its leases around it, and
@@ -139,17 +155,37 @@ impl<'c> Tail<'c> {
         replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
-        match replicas.turn(rev.revision).await? {
-            Turn::Landed => self.placed.watermark = rev.revision,
+        let here = match replicas.turn(rev.revision).await? {
+            Turn::Landed => {
+                self.placed.watermark = rev.revision;
+                false
+            }
             Turn::Send => {
                 leases.ensure(rev).await?;
                 match self.land(rev).await? {
-                    Landing::Landed => replicas.landed_by_me(rev.revision),
-                    Landing::Behind { at } => replicas.landed_elsewhere(at),
-                    _ => replicas.landed_elsewhere(rev.revision),
+                    Landing::Landed => {
+                        replicas.landed_by_me(rev.revision);
+                        true
+                    }
+                    Landing::Behind { at } => {
+                        replicas.landed_elsewhere(at);
+                        false
+                    }
+                    _ => {
+                        replicas.landed_elsewhere(rev.revision);
+                        false
+                    }
                 }
             }
-        }
+        };
+        exact_status(reporter, |e| {
+            e.target_revision = rev.revision;
+            if here {
+                e.landed_here += 1;
+            } else {
+                e.landed_elsewhere += 1;
+            }
+        });
         leases.release(rev).await?;
         reporter.update(|s| {
             s.watermark = rev.revision;
@@ -310,20 +346,21 @@ impl<'c> Tail<'c> {
 
     /// Compacts the target where the source compacted, once the replica holds that revision
     /// (compaction adds no revision; "compacted" means someone got there first).
-    async fn follow_compaction(&mut self) -> Result<(), Stop> {
-        let Some(at) = compacted_revision(&mut self.source, self.cfg).await? else { return Ok(()) };
+    async fn follow_compaction(&mut self) -> Result<Option<i64>, Stop> {
+        let Some(at) = compacted_revision(&mut self.source, self.cfg).await? else { return Ok(None) };
         if at <= self.compacted || at > self.placed.watermark {
-            return Ok(());
+            return Ok(None);
         }
         let mut kv = self.target.kv_client();
         let compact = kv.compact(at, Some(CompactionOptions::new()));
+        let reported = at;
         match unary("compact target", Side::Target, timeout(self.cfg), compact).await {
             Ok(_) => info!(revision = at, "target compacted where the source compacted"),
             Err(e) if e.fault == Fault::Compacted => {}
             Err(e) => return Err(e.into()),
         }
         self.compacted = at;
-        Ok(())
+        Ok(Some(reported))
     }
 }
 
@@ -346,4 +383,9 @@ pub(crate) async fn compacted_revision(source: &mut Client, cfg: &Config) -> Res
             }
         }
     }
+}
+
+/// Updates the `exact` section of the status.
+fn exact_status(reporter: &Reporter, f: impl FnOnce(&mut mirror_core::ExactStatus)) {
+    reporter.update(|s| f(s.exact.get_or_insert_with(Default::default)));
 }

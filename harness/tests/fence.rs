@@ -46,6 +46,7 @@ fn record(watermark: i64) -> Checkpoint {
         scan_restarts: 0,
         initial_sync_completed: String::new(),
         excludes: Vec::new(),
+        source_seen: 0,
     }
 }
 

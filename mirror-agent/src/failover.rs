@@ -43,6 +43,9 @@ pub async fn failover(config: Config, force: bool) -> ExitCode {
         }
         eprintln!("failover: the source answers at {endpoint}; promoting anyway (--force)");
     }
+    if config.exact() {
+        return crate::exact::failover::failover(&config).await;
+    }
     match promote(&config).await {
         Ok(Promotion::Done { record, previous_epoch }) => {
             print_window(&config, &record, Some(previous_epoch));
@@ -72,7 +75,10 @@ async fn answering_source_endpoint(config: &Config) -> Option<String> {
     let mut sync = config.sync.clone();
     sync.dial_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
     sync.request_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
-    let (sync, key) = (&sync, config.source.prefix.clone());
+    // etcd refuses an empty key: the whole keyspace (exact mode's prefix "") starts at "\0".
+    let key =
+        if config.source.prefix.is_empty() { vec![0] } else { config.source.prefix.as_bytes().to_vec() };
+    let (sync, key) = (&sync, key);
     let mut probes: futures::stream::FuturesUnordered<_> = config
         .source
         .endpoints

@@ -191,6 +191,11 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Run { config, listen, log_format } => run(&config, listen, log_format),
         Command::Status { url, json, watch } => status(&url, json, watch),
+        // An exact link's cutover waits for its agents to land the drain target, with or
+        // without --wait (docs/exact-revisions.md).
+        Command::Cutover { config, .. } if Config::load(&config).is_ok_and(|c| c.exact()) => {
+            one_shot(&config, |c| async move { exact::cutover::cutover(&c).await })
+        }
         Command::Cutover { config, wait: true, allow_moving_source, .. } => {
             one_shot(&config, |c| cutover::cutover(c, allow_moving_source))
         }

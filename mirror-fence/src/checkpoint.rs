@@ -3,7 +3,8 @@
 //! Decoding fails closed: a record this agent does not fully understand must stop all writes
 //! (G7), so every field is typed strictly and range-checked, and unknown fields are refused (a
 //! newer writer would bump `v`). The error names the field. Every field is required except the
-//! two added later within v1, `commit` and `range`, which records written before them lack:
+//! two added later within v1, `commit` and `range`, which records written before them lack
+//! (and the optional ones after them, written only when set, `source_seen` the last):
 //! such records still decode (with both empty), so an upgraded agent resumes an older link.
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -74,6 +75,10 @@ pub struct Checkpoint {
     /// target), so a link nested under one of them can tell it does not overlap. Empty in
     /// records written before it existed and for links without excludes.
     pub excludes: Vec<Vec<u8>>,
+    /// Exact mode (SPEC §10): the highest source revision the link had seen when it wrote the
+    /// record (the watch's header revision), which clients of the source may have seen too;
+    /// `failover` compacts the target past it. 0 in compact mode and in records before it.
+    pub source_seen: i64,
 }
 
 /// Why a stored record was refused. Each variant names the field.
@@ -117,6 +122,7 @@ const FIELDS: &[&str] = &[
     "scan_restarts",
     "initial_sync_completed",
     "excludes",
+    "source_seen",
 ];
 
 impl Checkpoint {
@@ -180,6 +186,9 @@ impl Checkpoint {
         if !self.excludes.is_empty() {
             value["excludes"] = self.excludes.iter().map(|p| Value::from(B64.encode(p))).collect();
         }
+        if self.source_seen > 0 {
+            value["source_seen"] = self.source_seen.into();
+        }
         Ok(serde_json::to_vec(&value).expect("a JSON value always serialises"))
     }
 
@@ -229,6 +238,8 @@ impl Checkpoint {
             scan_restarts: r.optional_u64("scan_restarts")?,
             initial_sync_completed: r.optional_str("initial_sync_completed")?,
             excludes: r.optional_prefixes("excludes")?,
+            source_seen: i64::try_from(r.optional_u64("source_seen")?)
+                .map_err(|_| invalid("source_seen", "exceeds the revision range"))?,
         };
         record.check()?;
         Ok(record)
@@ -265,6 +276,7 @@ pub(crate) fn test_record(link: &str, epoch: u64, role: Role) -> Checkpoint {
         scan_restarts: 0,
         initial_sync_completed: String::new(),
         excludes: Vec::new(),
+        source_seen: 0,
     }
 }
 

@@ -23,6 +23,7 @@ fn sample() -> Checkpoint {
         scan_restarts: 5,
         initial_sync_completed: "2026-12-01T16:00:00Z".into(),
         excludes: vec![b"/copy/nested/".to_vec(), b"/copy/\xff/".to_vec()],
+        source_seen: 1234,
     }
 }
 
@@ -81,6 +82,7 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
                         "2026-12-01T16:00:00Z".into()
                     },
                     excludes: if prune_pending { vec![commit_bytes(s), vec![0xff, 0]] } else { Vec::new() },
+                    source_seen: if prune_pending { (s % (1 << 40)) as i64 } else { 0 },
                 }
             },
         )
@@ -180,7 +182,7 @@ fn records_without_the_later_fields_decode() {
 fn the_counts_are_optional_and_checked() {
     let mut v = sample_json();
     let obj = v.as_object_mut().unwrap();
-    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed", "excludes"] {
+    for field in ["forced_resyncs", "scan_restarts", "initial_sync_completed", "excludes", "source_seen"] {
         obj.remove(field);
     }
     let old = Checkpoint::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
@@ -191,6 +193,7 @@ fn the_counts_are_optional_and_checked() {
             scan_restarts: 0,
             initial_sync_completed: String::new(),
             excludes: Vec::new(),
+            source_seen: 0,
             ..sample()
         }
     );

@@ -25,6 +25,7 @@
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use mirror_core::{Change, ExactRevision};
 
+use crate::checkpoint::{Checkpoint, Role};
 use crate::nest::{nest, TooManyOps};
 
 /// One compare of a revision's Txn.
@@ -85,6 +86,8 @@ pub enum Landing {
     },
     /// Something other than this link wrote the target: the link must stop (`ForeignWrite`).
     Foreign(String),
+    /// The target was promoted (cutover, failover): nobody of the link writes again.
+    Promoted,
 }
 
 /// A revision's Txn, built: its guards (the fence's first) and the ops in order.
@@ -140,12 +143,14 @@ impl ExactFence {
     }
 
     /// Txn `rev.revision`: the fence's compares, one per key the revision touches (or the
-    /// keyspace compare where they do not fit `per_level`), the changes in order and the
-    /// checkpoint put `record`.
+    /// keyspace compare where they do not fit `per_level`), the changes in order, then `riders`
+    /// (the link's own writes to its reserved namespace, which ride the next revision's Txn),
+    /// then the checkpoint put `record`.
     pub fn txn(
         &self,
         rev: &ExactRevision,
         record: Vec<u8>,
+        riders: Vec<TxnOp>,
         per_level: usize,
     ) -> Result<RevisionTxn, TooManyOps> {
         let mut guards = self.fence_guards(rev.revision);
@@ -157,7 +162,8 @@ impl ExactFence {
             guards.extend(per_key);
         }
         let data = rev.changes.iter().map(txn_op).collect();
-        let mut ops = nest(data, per_level, 1)?;
+        let mut ops = nest(data, per_level, 1 + riders.len())?;
+        ops.extend(riders);
         ops.push(TxnOp::put(self.key.clone(), record, None));
         Ok(RevisionTxn { revision: rev.revision, guards, ops })
     }
@@ -173,6 +179,7 @@ impl ExactFence {
                 revision - 1
             )),
             Answer::Failed { checkpoint } => self.judge_failed(revision, checkpoint),
+            Answer::Promoted => Landing::Promoted,
         }
     }
 
@@ -212,6 +219,8 @@ pub enum Answer {
         /// The checkpoint then.
         checkpoint: Stamp,
     },
+    /// A compare failed, and the checkpoint says the target is primary (cutover, failover).
+    Promoted,
 }
 
 impl Answer {
@@ -220,20 +229,17 @@ impl Answer {
         if resp.succeeded() {
             return Answer::Succeeded { revision: resp.header().map_or(0, |h| h.revision()) };
         }
-        let checkpoint = resp
-            .op_responses()
-            .iter()
-            .find_map(|r| match r {
-                TxnOpResponse::Get(get) => {
-                    Some(get.kvs().first().map_or(Stamp { mod_revision: 0, version: 0 }, |kv| Stamp {
-                        mod_revision: kv.mod_revision(),
-                        version: kv.version(),
-                    }))
-                }
-                _ => None,
-            })
-            .unwrap_or(Stamp { mod_revision: 0, version: 0 });
-        Answer::Failed { checkpoint }
+        let stored = resp.op_responses().iter().find_map(|r| match r {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        let Some(kv) = stored else {
+            return Answer::Failed { checkpoint: Stamp { mod_revision: 0, version: 0 } };
+        };
+        if Checkpoint::decode(kv.value()).is_ok_and(|r| r.role == Role::Primary) {
+            return Answer::Promoted;
+        }
+        Answer::Failed { checkpoint: Stamp { mod_revision: kv.mod_revision(), version: kv.version() } }
     }
 }
 

@@ -25,9 +25,9 @@ fn rev(revision: i64, changes: Vec<Change>) -> ExactRevision {
 /// its predecessor (mod revision R-1, version R-1-R0), both known before R-1 lands.
 #[test]
 fn the_fence_compares_what_the_predecessor_leaves() {
-    let first = fence().txn(&rev(101, vec![]), b"r".to_vec(), 128).unwrap();
+    let first = fence().txn(&rev(101, vec![]), b"r".to_vec(), Vec::new(), 128).unwrap();
     assert_eq!(first.guards, [Guard::Version(KEY.to_vec(), 0)]);
-    let later = fence().txn(&rev(105, vec![]), b"r".to_vec(), 128).unwrap();
+    let later = fence().txn(&rev(105, vec![]), b"r".to_vec(), Vec::new(), 128).unwrap();
     assert_eq!(later.guards, [Guard::ModRevision(KEY.to_vec(), 104), Guard::Version(KEY.to_vec(), 4)]);
     assert_eq!(ExactFence::from_stamp(KEY.to_vec(), fence().stamp_after(104)), fence());
 }
@@ -38,7 +38,12 @@ fn the_fence_compares_what_the_predecessor_leaves() {
 #[test]
 fn every_key_is_compared_with_the_source_before_the_revision() {
     let t = fence()
-        .txn(&rev(101, vec![put("/a", 1, 101), put("/b", 3, 90), del("/c", Some(95))]), b"r".to_vec(), 128)
+        .txn(
+            &rev(101, vec![put("/a", 1, 101), put("/b", 3, 90), del("/c", Some(95))]),
+            b"r".to_vec(),
+            Vec::new(),
+            128,
+        )
         .unwrap();
     assert_eq!(
         t.guards[1..],
@@ -60,7 +65,7 @@ fn a_revision_without_room_for_its_compares_is_guarded_by_the_keyspace(
     #[case] changes: Vec<Change>,
     #[case] per_level: usize,
 ) {
-    let t = fence().txn(&rev(110, changes), b"r".to_vec(), per_level).unwrap();
+    let t = fence().txn(&rev(110, changes), b"r".to_vec(), Vec::new(), per_level).unwrap();
     assert_eq!(t.guards.last(), Some(&Guard::NothingSince(110)));
     assert_eq!(t.guards.len(), 3, "the fence's two and the keyspace's one: {:?}", t.guards);
 }

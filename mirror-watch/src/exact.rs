@@ -16,7 +16,13 @@ use mirror_core::{Change, EtcdError, ExactRevision, Side, RESERVED_MARKER};
 #[derive(Debug)]
 pub enum ExactDelivery {
     /// Whole revisions, in order, each the one after the last delivered.
-    Revisions(Vec<ExactRevision>),
+    Revisions {
+        /// The revisions.
+        revisions: Vec<ExactRevision>,
+        /// The response header's revision: the source's revision when it was sent, which
+        /// clients of the source may have seen (a catching-up watch's is ahead of its events).
+        header: i64,
+    },
     /// A response without events (created, or progress) at this source revision.
     Reply(i64),
     /// etcd compacted past the watch's next revision: the history the replica needs is gone.
@@ -92,7 +98,7 @@ pub fn deliver(resp: &WatchResponse, next: &mut i64) -> Result<ExactDelivery, Ex
     if resp.events().is_empty() {
         return Ok(ExactDelivery::Reply(header));
     }
-    exact_revisions(resp.events(), next).map(ExactDelivery::Revisions)
+    exact_revisions(resp.events(), next).map(|revisions| ExactDelivery::Revisions { revisions, header })
 }
 
 /// Events grouped into revisions, reserved keys (`\0etcd-mirror/...`, other links' records)
@@ -181,7 +187,7 @@ mod tests {
             &mut next,
         )
         .unwrap();
-        let ExactDelivery::Revisions(revs) = got else { panic!("{got:?}") };
+        let ExactDelivery::Revisions { revisions: revs, .. } = got else { panic!("{got:?}") };
         assert_eq!(
             revs.iter().map(|r| (r.revision, r.changes.len())).collect::<Vec<_>>(),
             [(10, 2), (11, 0), (12, 1)]

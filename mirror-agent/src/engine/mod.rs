@@ -441,6 +441,7 @@ impl Run<'_> {
             scan_restarts,
             initial_sync_completed,
             excludes: self.engine.rewriter.dest_excludes(),
+            source_seen: 0,
         }
     }
 

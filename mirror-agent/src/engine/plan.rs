@@ -126,6 +126,7 @@ mod tests {
             scan_restarts: 0,
             initial_sync_completed: String::new(),
             excludes: Vec::new(),
+            source_seen: 0,
         }
     }
 

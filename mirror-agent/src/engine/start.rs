@@ -73,6 +73,7 @@ impl Run<'_> {
         // excludes, which records written before they were kept lack).
         let resumed = |run: &Self, r: &Checkpoint| Checkpoint {
             excludes: run.engine.rewriter.dest_excludes(),
+            source_seen: 0,
             ..r.resumed_by(run.cfg().epoch as u64, &run.engine.agent_id, &ours)
         };
         if let (StartPlan::Tail { .. } | StartPlan::ResumeScan, Some(r)) = (&plan, &stored) {

@@ -4,6 +4,9 @@
 //! - Leases that came with the snapshot keep the TTL they have (etcd cannot lengthen one);
 //!   leases the agent grants get `sync.exact_lease_hold` (or the source's TTL where longer),
 //!   so they outlive an outage of every agent.
+//! - Each lease the link grants has its source TTL recorded under the reserved namespace
+//!   (`\0etcd-mirror/<link_uid>/leases/<id>`) in the Txn that first uses it, and the record is
+//!   deleted in the Txn after its revoke: `failover` swaps each long lease for one of that TTL.
 //! - Every one is kept alive at a third of its TTL, and revoked only once the Txn that took its
 //!   last key has landed: then it holds no key, and a revoke adds no revision.
 //! - One found gone that held keys deleted them at a revision the source never had: the tail's
@@ -13,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions};
+use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, TxnOp};
 use mirror_core::{unary, ExactRevision, Fault, Side};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -38,6 +41,15 @@ pub(super) struct TargetLeases {
     hold: i64,
     timeout: Duration,
     held: BTreeMap<i64, Held>,
+    /// The reserved namespace's `leases/` prefix: one record per granted lease, its source TTL.
+    records: Vec<u8>,
+    /// Record puts and deletes for the next Txn to carry.
+    riders: Vec<TxnOp>,
+}
+
+/// The key of lease `id`'s TTL record under `prefix`.
+pub(crate) fn record_key(prefix: &[u8], id: i64) -> Vec<u8> {
+    [prefix, format!("{id:016x}").as_bytes()].concat()
 }
 
 impl TargetLeases {
@@ -49,11 +61,20 @@ impl TargetLeases {
         target: Client,
         hold: Duration,
         timeout: Duration,
+        records: Vec<u8>,
     ) -> Result<TargetLeases, Stop> {
         let hold = hold.as_secs() as i64;
         let listed =
             unary("list target leases", Side::Target, timeout, target.lease_client().leases()).await?;
-        let mut leases = TargetLeases { source, target, hold, timeout, held: BTreeMap::new() };
+        let mut leases = TargetLeases {
+            source,
+            target,
+            hold,
+            timeout,
+            held: BTreeMap::new(),
+            records,
+            riders: Vec::new(),
+        };
         for lease in listed.leases() {
             let id = lease.id();
             let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
@@ -64,6 +85,11 @@ impl TargetLeases {
         }
         info!(leases = leases.held.len(), "target leases adopted and kept alive");
         Ok(leases)
+    }
+
+    /// The TTL record writes the next Txn carries (taken: a Txn carries each once).
+    pub(super) fn take_riders(&mut self) -> Vec<TxnOp> {
+        std::mem::take(&mut self.riders)
     }
 
     /// Target leases held now.
@@ -106,6 +132,11 @@ impl TargetLeases {
                 };
             debug!(lease = id, ttl, "target lease granted");
             self.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: false });
+            if source_ttl > 0 {
+                // The source's TTL, for the swap at cutover and failover.
+                let key = record_key(&self.records, id);
+                self.riders.push(TxnOp::put(key, source_ttl.to_string(), None));
+            }
         }
         Ok(())
     }
@@ -132,7 +163,9 @@ impl TargetLeases {
                     Err(e) if e.fault == Fault::LeaseNotFound => {}
                     Err(e) => return Err(e.into()),
                 }
-                self.held.remove(&id);
+                if self.held.remove(&id).is_some_and(|h| !h.snapshot) {
+                    self.riders.push(TxnOp::delete(record_key(&self.records, id), None));
+                }
             }
         }
         Ok(())

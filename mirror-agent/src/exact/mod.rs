@@ -22,7 +22,9 @@ use tracing::{error, warn};
 use crate::reporter::Reporter;
 
 pub(crate) mod compare;
+pub(crate) mod cutover;
 pub(crate) mod digest;
+pub(crate) mod failover;
 mod leases;
 mod replica;
 mod seed;
@@ -107,13 +109,16 @@ async fn run_once(
     shutdown: &CancellationToken,
     backoff: &mut ExponentialBackoff,
 ) -> Stop {
-    let connected = async {
-        let source = connect(Side::Source, &cfg.source, &cfg.sync).await?;
-        let target = connect(Side::Target, &cfg.target, &cfg.sync).await?;
-        Ok::<_, EtcdError>((source, target))
+    // The target first: a promoted one stops the link even with the source gone.
+    let target = match connect(Side::Target, &cfg.target, &cfg.sync).await {
+        Ok(target) => target,
+        Err(e) => return e.into(),
     };
-    let (source, target) = match connected.await {
-        Ok(both) => both,
+    if let Err(stop) = seed::not_promoted(cfg, &target).await {
+        return stop;
+    }
+    let source = match connect(Side::Source, &cfg.source, &cfg.sync).await {
+        Ok(source) => source,
         Err(e) => return e.into(),
     };
     let placed = match seed::place(cfg, &source, &target).await {

@@ -44,6 +44,9 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     let record = Checkpoint::decode(kv.value()).map_err(|e| {
         Stop::lost(Reason::CorruptCheckpoint, format!("the checkpoint record cannot be read: {e}"))
     })?;
+    if record.role == mirror_fence::Role::Primary {
+        return Err(promoted(&record));
+    }
     if record.link_uid != cfg.link_uid {
         return Err(Stop::lost(
             Reason::CheckpointTaken,
@@ -80,6 +83,27 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     }
     info!(watermark = head, "resuming the exact replica from its checkpoint");
     Ok(placed(ExactFence::from_stamp(key, stamp), head))
+}
+
+/// Stops the link when the target's checkpoint says it was promoted (failover, cutover).
+pub(super) async fn not_promoted(cfg: &Config, target: &Client) -> Result<(), Stop> {
+    let mut kv = target.kv_client();
+    let resp =
+        unary("read checkpoint", Side::Target, timeout(cfg), kv.get(cfg.checkpoint_key(), None)).await?;
+    match resp.kvs().first().map(|kv| Checkpoint::decode(kv.value())) {
+        Some(Ok(record)) if record.role == mirror_fence::Role::Primary => Err(promoted(&record)),
+        _ => Ok(()),
+    }
+}
+
+fn promoted(record: &Checkpoint) -> Stop {
+    Stop::lost(
+        Reason::TargetPromoted,
+        format!(
+            "the target was promoted at source revision {} (epoch {}): this link writes it no more",
+            record.watermark, record.epoch
+        ),
+    )
 }
 
 fn count_only() -> GetOptions {

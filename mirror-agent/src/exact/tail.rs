@@ -36,6 +36,8 @@ pub(super) struct Tail<'c> {
     compacted: i64,
     /// This agent's ID, written into every record it lands.
     me: String,
+    /// The highest source revision the watch has shown (its responses' header revision).
+    seen: i64,
 }
 
 impl<'c> Tail<'c> {
@@ -46,7 +48,8 @@ impl<'c> Tail<'c> {
         placed: Placed,
         me: String,
     ) -> Tail<'c> {
-        Tail { cfg, source, target, placed, compacted: 0, me }
+        let seen = placed.watermark;
+        Tail { cfg, source, target, placed, compacted: 0, me, seen }
     }
 
     /// Tails until something stops it.
@@ -63,8 +66,10 @@ impl<'c> Tail<'c> {
         shutdown: &CancellationToken,
     ) -> Result<std::convert::Infallible, Stop> {
         let hold = self.cfg.sync.exact_lease_hold.get();
+        let records = lease_records(self.cfg);
         let mut leases =
-            TargetLeases::adopt(self.source.clone(), self.target.clone(), hold, timeout(self.cfg)).await?;
+            TargetLeases::adopt(self.source.clone(), self.target.clone(), hold, timeout(self.cfg), records)
+                .await?;
         let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
         let mut replicas =
             Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;
@@ -79,12 +84,14 @@ impl<'c> Tail<'c> {
             tokio::select! {
                 _ = shutdown.cancelled() => return Err(Stop::Shutdown),
                 delivered = watch.next() => match delivered {
-                    Ok(ExactDelivery::Revisions(revisions)) => {
+                    Ok(ExactDelivery::Revisions { revisions, header }) => {
+                        self.seen = self.seen.max(header);
                         for rev in revisions {
                             self.apply(&rev, &mut leases, &mut replicas, reporter).await?;
                         }
                     }
                     Ok(ExactDelivery::Reply(header)) => {
+                        self.seen = self.seen.max(header);
                         reporter.update(|s| s.source_revision = s.source_revision.max(header));
                     }
                     Ok(ExactDelivery::Compacted(at)) => {
@@ -162,7 +169,7 @@ impl<'c> Tail<'c> {
             }
             Turn::Send => {
                 leases.ensure(rev).await?;
-                match self.land(rev).await? {
+                match self.land(rev, leases.take_riders()).await? {
                     Landing::Landed => {
                         replicas.landed_by_me(rev.revision);
                         true
@@ -248,7 +255,7 @@ impl<'c> Tail<'c> {
 
     /// Lands source revision `rev` as target revision `rev.revision`, retrying its Txn through
     /// transient errors (a retry of a Txn that landed is judged `AlreadyLanded`).
-    async fn land(&mut self, rev: &ExactRevision) -> Result<Landing, Stop> {
+    async fn land(&mut self, rev: &ExactRevision, riders: Vec<etcd_client::TxnOp>) -> Result<Landing, Stop> {
         let record = self.record(rev.revision).encode().map_err(|e| {
             Stop::lost(
                 Reason::InvalidCheckpointRecord,
@@ -256,7 +263,7 @@ impl<'c> Tail<'c> {
             )
         })?;
         let per_level = mirror_fence::ops_per_level(self.cfg.sync.max_txn_ops);
-        let txn = self.placed.fence.txn(rev, record, per_level).map_err(|e| {
+        let txn = self.placed.fence.txn(rev, record, riders, per_level).map_err(|e| {
             Stop::lost(Reason::RevisionTooLarge, format!("source revision {}: {e}", rev.revision))
         })?;
         let sync = &self.cfg.sync;
@@ -294,6 +301,10 @@ impl<'c> Tail<'c> {
                     ),
                 )),
                 Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
+                Landing::Promoted => Err(Stop::lost(
+                    Reason::TargetPromoted,
+                    "the target was promoted (failover or cutover): this link writes it no more",
+                )),
             };
         }
     }
@@ -319,6 +330,7 @@ impl<'c> Tail<'c> {
             scan_restarts: 0,
             initial_sync_completed: String::new(),
             excludes: Vec::new(),
+            source_seen: self.seen.max(revision),
         }
     }
 
@@ -330,6 +342,13 @@ impl<'c> Tail<'c> {
         let mut kv = self.target.kv_client();
         let resp = unary("read checkpoint", Side::Target, timeout(self.cfg), kv.get(key, None)).await?;
         let head = resp.header().map_or(0, |h| h.revision());
+        let record = resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()).ok());
+        if record.is_some_and(|r| r.role == Role::Primary) {
+            return Err(Stop::lost(
+                Reason::TargetPromoted,
+                "the target was promoted (failover or cutover): this link writes it no more",
+            ));
+        }
         let at = resp.kvs().first().map_or(self.placed.fence.seed(), |kv| kv.mod_revision());
         if head != at || at < self.placed.watermark {
             return Err(Stop::lost(
@@ -388,4 +407,11 @@ pub(crate) async fn compacted_revision(source: &mut Client, cfg: &Config) -> Res
 /// Updates the `exact` section of the status.
 fn exact_status(reporter: &Reporter, f: impl FnOnce(&mut mirror_core::ExactStatus)) {
     reporter.update(|s| f(s.exact.get_or_insert_with(Default::default)));
+}
+
+/// The prefix of the link's lease TTL records: `\0etcd-mirror/<link_uid>/leases/`.
+pub(crate) fn lease_records(cfg: &Config) -> Vec<u8> {
+    let checkpoint = cfg.checkpoint_key();
+    let link = &checkpoint[..checkpoint.len() - b"checkpoint".len()];
+    [link, b"leases/"].concat()
 }

@@ -134,7 +134,7 @@ async fn spool_forever(
 ) -> anyhow::Error {
     loop {
         match watch.next().await {
-            Ok(ExactDelivery::Revisions(revisions)) => {
+            Ok(ExactDelivery::Revisions { revisions, .. }) => {
                 for rev in &revisions {
                     if let Err(e) = spool.append(rev) {
                         return anyhow::anyhow!("writing the spool (is its disk full?): {e}");

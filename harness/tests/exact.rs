@@ -482,6 +482,17 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
     let refused = informer.follow(&mut dst, "/registry/", informer.at + 1).await;
     assert!(refused.as_ref().is_err_and(|e| e.starts_with("compacted")), "{refused:?}");
     dst.put("/registry/pods/after", "new", None).await.expect("the target takes writes");
+
+    // The old source back: failback-plan lists the revisions it took above R.
+    let r: i64 = said.split("R = ").nth(1).and_then(|t| t.split(';').next()).unwrap().parse().unwrap();
+    source.node(0).start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.jsonl");
+    let args = ["--promoted-watermark", &r.to_string(), "--out", plan.to_str().unwrap()];
+    let out = agent_command(&cfg.reversed(), "failback-plan", &args).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = std::fs::read_to_string(&plan).unwrap().lines().count();
+    assert!(lines as i64 > informer.at - r, "{lines} lines for the revisions above {r}");
 }
 
 /// `cutover` of an exact link: once the writes stop, the agents land the source's last

@@ -523,3 +523,27 @@ async fn cutover_of_an_exact_link_promotes_a_verified_target() {
     let kept = dst.get("/registry/leases/node-b", None).await.unwrap().kvs()[0].lease();
     assert_eq!(dst.lease_time_to_live(kept, None).await.unwrap().granted_ttl(), 40);
 }
+
+/// Several Txns in flight (`exact_txns_in_flight = 4`) under an open-loop burst: etcd runs some
+/// out of order, they fail their fence compare and are sent again in order (counted in
+/// `exact.resent`), and the replica is exact, its history the source's event for event.
+#[tokio::test]
+async fn txns_in_flight_land_in_order_whatever_etcd_runs_first() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    let r0 = seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr").overlay("[sync]\nexact_txns_in_flight = 4");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    Churn::new("/registry/pods/", 3000, 1500, 200).with_leases().spawn(src.clone()).await.unwrap().unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the burst").await;
+    let head = current_revision(&mut src).await.unwrap();
+    let (s, t) = (&source.endpoints()[0], &target.endpoints()[0]);
+    let theirs = etcdctl_watch(s, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    let ours = etcdctl_watch(t, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
+    let resent = agent.status().await.unwrap().exact.map_or(0, |e| e.resent);
+    println!("Txns sent again after a reorder: {resent}");
+}

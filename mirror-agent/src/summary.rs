@@ -265,6 +265,7 @@ mod tests {
             landed_here: 900,
             landed_elsewhere: 12,
             compacted_revision: 1_200_000,
+            resent: 3,
         });
         insta::assert_snapshot!(render(&s, false));
     }

@@ -183,6 +183,9 @@ pub struct SyncSection {
     /// `.json` proves a target restored from it after the source compacted past its revision,
     /// and its `.spool` holds the source revisions the source has compacted since.
     pub exact_seed: String,
+    /// Exact mode: target Txns in flight at most (1 = one at a time); a second is sent only
+    /// while revisions wait, and with `ha.enabled` one at a time.
+    pub exact_txns_in_flight: i64,
 }
 
 /// `sync.revisions`.
@@ -218,6 +221,7 @@ impl Default for SyncSection {
             revisions: Revisions::Compact,
             exact_lease_hold: HumanDuration::secs(3600),
             exact_seed: String::new(),
+            exact_txns_in_flight: 2,
         }
     }
 }

@@ -83,6 +83,9 @@ impl Config {
         if self.reconcile.delete_orphans {
             v.add("reconcile.delete_orphans", format!("must be false {WHY}: reconcile only reads"));
         }
+        if !(1..=16).contains(&self.sync.exact_txns_in_flight) {
+            v.add("sync.exact_txns_in_flight", "must be 1-16");
+        }
         if self.sync.exact_lease_hold.get().as_secs() < 60 {
             v.add("sync.exact_lease_hold", "must be >= 60s (it is how long every agent may be down)");
         } else if self.sync.exact_lease_hold.get().subsec_nanos() != 0 {

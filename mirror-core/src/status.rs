@@ -154,6 +154,9 @@ pub struct ExactStatus {
     pub landed_elsewhere: u64,
     /// The revision the link last compacted the target at, following the source (0: not yet).
     pub compacted_revision: i64,
+    /// Txns sent again since the agent started: etcd ran a later one first (it then failed its
+    /// fence compare), or an answer was lost.
+    pub resent: u64,
 }
 
 /// Progress of the genesis scan.

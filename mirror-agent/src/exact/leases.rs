@@ -142,12 +142,21 @@ impl TargetLeases {
     }
 
     /// After Txn `rev` landed: revokes each lease one of its changes left that holds no key on
-    /// the target any more (no key: the revoke adds no revision). A lease already gone was
+    /// the target any more (no key: the revoke adds no revision) and that no revision waiting or
+    /// in flight puts a key under (`needed`). A lease already gone was
     /// revoked by another replica, or lapsed holding no key: nothing to do either way (one that
     /// lapsed holding keys deleted them at a revision of its own, which the fence finds).
-    pub(super) async fn release(&mut self, rev: &ExactRevision) -> Result<(), Stop> {
-        let left: std::collections::BTreeSet<i64> =
-            rev.changes.iter().map(mirror_core::Change::left_lease).filter(|l| *l != 0).collect();
+    pub(super) async fn release(
+        &mut self,
+        rev: &ExactRevision,
+        needed: &std::collections::BTreeSet<i64>,
+    ) -> Result<(), Stop> {
+        let left: std::collections::BTreeSet<i64> = rev
+            .changes
+            .iter()
+            .map(mirror_core::Change::left_lease)
+            .filter(|l| *l != 0 && !needed.contains(l))
+            .collect();
         for id in left {
             let opts = LeaseTimeToLiveOptions::new().with_keys();
             let mut client = self.target.lease_client();

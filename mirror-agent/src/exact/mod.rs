@@ -25,6 +25,7 @@ pub(crate) mod compare;
 pub(crate) mod cutover;
 pub(crate) mod digest;
 pub(crate) mod failover;
+mod flight;
 mod leases;
 mod replica;
 mod seed;

@@ -54,6 +54,12 @@ impl Replicas {
         Ok(replicas)
     }
 
+    /// Whether several replicas may write (`ha.enabled`): then one Txn at a time, each when it
+    /// is this replica's turn.
+    pub(super) fn active(&self) -> bool {
+        self.stream.is_some()
+    }
+
     /// This agent's role: `standby` while another replica lands the revisions.
     pub(super) fn role(&self) -> AgentRole {
         if self.stream.is_some() && !self.writer.is_empty() && self.writer != self.me {

@@ -8,11 +8,12 @@ use etcd_client::{Client, CompactionOptions, WatchOptions};
 use mirror_core::{
     now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
 };
-use mirror_fence::{Answer, Checkpoint, Landing, Role};
+use mirror_fence::{Answer, Checkpoint, Landing, RevisionTxn, Role};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch, SpoolReader};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::flight::{landed_prefix, Flight, Verdict};
 use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
 use super::seed::Placed;
@@ -38,6 +39,12 @@ pub(super) struct Tail<'c> {
     me: String,
     /// The highest source revision the watch has shown (its responses' header revision).
     seen: i64,
+    /// The last source revision received (from the watch or the spool), landed or not.
+    received: i64,
+    /// The wait before Txns whose answer was lost are sent again.
+    backoff: ExponentialBackoff,
+    /// The last [`Tail::verdict`] was a lost answer.
+    lost_answer: bool,
 }
 
 impl<'c> Tail<'c> {
@@ -48,8 +55,10 @@ impl<'c> Tail<'c> {
         placed: Placed,
         me: String,
     ) -> Tail<'c> {
-        let seen = placed.watermark;
-        Tail { cfg, source, target, placed, compacted: 0, me, seen }
+        let (seen, received) = (placed.watermark, placed.watermark);
+        let sync = &cfg.sync;
+        let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
+        Tail { cfg, source, target, placed, compacted: 0, me, seen, received, backoff, lost_answer: false }
     }
 
     /// Tails until something stops it.
@@ -77,6 +86,7 @@ impl<'c> Tail<'c> {
         exact_status(reporter, |e| e.target_revision = self.placed.watermark);
         self.report_leases_and_spool(&leases, reporter);
         reporter.set_phase(Phase::Syncing, Reason::Syncing);
+        let mut flight = Flight::new(self.cfg.sync.exact_txns_in_flight as usize);
         let mut keep = tokio::time::interval(KEEP_CHECK);
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
@@ -87,8 +97,10 @@ impl<'c> Tail<'c> {
                     Ok(ExactDelivery::Revisions { revisions, header }) => {
                         self.seen = self.seen.max(header);
                         for rev in revisions {
-                            self.apply(&rev, &mut leases, &mut replicas, reporter).await?;
+                            self.received = rev.revision;
+                            flight.waiting.push_back((rev, None));
                         }
+                        self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
                     }
                     Ok(ExactDelivery::Reply(header)) => {
                         self.seen = self.seen.max(header);
@@ -96,8 +108,8 @@ impl<'c> Tail<'c> {
                     }
                     Ok(ExactDelivery::Compacted(at)) => {
                         // The seed's spool may hold what the source compacted away.
-                        let from = self.placed.watermark + 1;
-                        if self.replay_spool(&mut leases, &mut replicas, reporter).await? == 0 {
+                        let from = self.received + 1;
+                        if self.replay_spool(&mut flight)? == 0 {
                             return Err(Stop::lost(
                                 Reason::ReseedRequired,
                                 format!(
@@ -107,7 +119,8 @@ impl<'c> Tail<'c> {
                                 ),
                             ));
                         }
-                        watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
+                        self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
+                        watch = ExactWatch::open(&mut self.source, self.received + 1).await?;
                     }
                     Err(ExactError::Missing { .. }) => {
                         let err = delivered.err().map(|e| e.to_string()).unwrap_or_default();
@@ -134,6 +147,10 @@ impl<'c> Tail<'c> {
                     }
                 }
                 _ = fence.tick() => self.check_fence("").await?,
+                answer = flight.next_answer(), if !flight.sent.is_empty() => {
+                    self.on_answer(answer, &mut flight, &mut leases, &mut replicas, reporter).await?;
+                    self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
+                }
             }
         }
     }
@@ -153,38 +170,142 @@ impl<'c> Tail<'c> {
         });
     }
 
-    /// Lands one revision (or finds another replica landed it) with its leases around it, and
-    /// says so in status.
-    async fn apply(
+    /// Sends what the window has room for, in order: a revision another replica landed is
+    /// completed without a Txn; each other one gets its leases granted and its Txn built (once:
+    /// a resend sends the same Txn).
+    async fn send_more(
         &mut self,
-        rev: &ExactRevision,
+        flight: &mut Flight,
         leases: &mut TargetLeases,
         replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
-        let here = match replicas.turn(rev.revision).await? {
-            Turn::Landed => {
-                self.placed.watermark = rev.revision;
-                false
-            }
-            Turn::Send => {
-                leases.ensure(rev).await?;
-                match self.land(rev, leases.take_riders()).await? {
-                    Landing::Landed => {
-                        replicas.landed_by_me(rev.revision);
-                        true
-                    }
-                    Landing::Behind { at } => {
-                        replicas.landed_elsewhere(at);
-                        false
-                    }
-                    _ => {
-                        replicas.landed_elsewhere(rev.revision);
-                        false
-                    }
+        while flight.room() {
+            if replicas.active() {
+                // HA: one Txn at a time, each only when it is this replica's turn.
+                if !flight.sent.is_empty() {
+                    break;
+                }
+                let revision = flight.waiting.front().expect("room() checked").0.revision;
+                if replicas.turn(revision).await? == Turn::Landed {
+                    let (rev, _) = flight.waiting.pop_front().expect("room() checked");
+                    let needed = flight.leases_needed();
+                    self.done(&rev, false, &needed, leases, replicas, reporter).await?;
+                    continue;
                 }
             }
+            let (rev, built) = flight.waiting.pop_front().expect("room() checked");
+            let txn = match built {
+                Some(txn) => txn,
+                None => {
+                    leases.ensure(&rev).await?;
+                    self.build(&rev, leases.take_riders())?
+                }
+            };
+            let (mut kv, t) = (self.target.kv_client(), timeout(self.cfg));
+            let request = txn.to_txn(self.placed.fence.key());
+            flight.send(
+                rev,
+                txn,
+                Box::pin(async move { unary("exact txn", Side::Target, t, kv.txn(request)).await }),
+            );
+        }
+        Ok(())
+    }
+
+    /// Judges the first Txn in flight by `answer`. Landed: it is done. Otherwise (sent too
+    /// early, or its answer lost) every answer behind it is awaited, the last landing proves
+    /// those before it ([`flight::landed_prefix`]), and the rest wait to be sent again in order
+    /// (after a backoff when an answer was lost).
+    async fn on_answer(
+        &mut self,
+        answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
+        flight: &mut Flight,
+        leases: &mut TargetLeases,
+        replicas: &mut Replicas,
+        reporter: &Reporter,
+    ) -> Result<(), Stop> {
+        let first = flight.sent.front().expect("an answer for a Txn in flight").0.revision;
+        let (verdict, here) = self.verdict(first, answer)?;
+        if verdict == Verdict::Landed {
+            let (rev, _) = flight.sent.pop_front().expect("checked");
+            self.backoff.reset();
+            let needed = flight.leases_needed();
+            return self.done(&rev, here, &needed, leases, replicas, reporter).await;
+        }
+        let mut verdicts = vec![verdict];
+        let mut lost = self.lost_answer;
+        for (i, answer) in flight.drain().await.into_iter().enumerate() {
+            let revision = flight.sent[i + 1].0.revision;
+            verdicts.push(self.verdict(revision, answer)?.0);
+            lost |= self.lost_answer;
+        }
+        let landed = landed_prefix(&verdicts);
+        for _ in 0..landed {
+            let (rev, _) = flight.sent.pop_front().expect("counted");
+            let needed = flight.leases_needed();
+            self.done(&rev, false, &needed, leases, replicas, reporter).await?;
+        }
+        let again = flight.sent.len() as u64;
+        exact_status(reporter, |e| e.resent += again);
+        flight.resend_from(0);
+        if lost {
+            let delay = self.backoff.next_delay();
+            warn!(revision = first, "an exact Txn's answer was lost; sending again from it in {delay:?}");
+            tokio::time::sleep(delay).await;
+        }
+        Ok(())
+    }
+
+    /// One answer as a verdict, and whether this agent's Txn was the one that landed; a lost
+    /// answer (a transient error) is `Again` and sets `lost_answer`. A foreign write or a
+    /// promoted target stops the link.
+    fn verdict(
+        &mut self,
+        revision: i64,
+        answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
+    ) -> Result<(Verdict, bool), Stop> {
+        self.lost_answer = false;
+        let resp = match answer {
+            Ok(resp) => resp,
+            Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
+                self.lost_answer = true;
+                return Ok((Verdict::Again, false));
+            }
+            Err(e) => return Err(e.into()),
         };
+        match self.placed.fence.judge(revision, &Answer::of(&resp)) {
+            Landing::Landed => Ok((Verdict::Landed, true)),
+            // Landed before (a lost answer), or another replica landed it and maybe more.
+            Landing::AlreadyLanded | Landing::Behind { .. } => Ok((Verdict::Landed, false)),
+            Landing::Overtaken => Ok((Verdict::Again, false)),
+            Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
+            Landing::Promoted => Err(Stop::lost(
+                Reason::TargetPromoted,
+                "the target was promoted (failover or cutover): this link writes it no more",
+            )),
+        }
+    }
+
+    /// Revision `rev` is on the target (`here`: by this agent's Txn): the watermark moves, the
+    /// leases its changes left are revoked unless a revision still to land needs them, and
+    /// status says so.
+    async fn done(
+        &mut self,
+        rev: &ExactRevision,
+        here: bool,
+        needed: &std::collections::BTreeSet<i64>,
+        leases: &mut TargetLeases,
+        replicas: &mut Replicas,
+        reporter: &Reporter,
+    ) -> Result<(), Stop> {
+        self.placed.watermark = rev.revision;
+        if here {
+            replicas.landed_by_me(rev.revision);
+        } else {
+            replicas.landed_elsewhere(rev.revision);
+        }
+        leases.release(rev, needed).await?;
         exact_status(reporter, |e| {
             e.target_revision = rev.revision;
             if here {
@@ -193,7 +314,6 @@ impl<'c> Tail<'c> {
                 e.landed_elsewhere += 1;
             }
         });
-        leases.release(rev).await?;
         reporter.update(|s| {
             s.watermark = rev.revision;
             s.role = replicas.role();
@@ -206,27 +326,20 @@ impl<'c> Tail<'c> {
         Ok(())
     }
 
-    /// Applies the seed's spooled revisions from the watermark on, as far as the spool goes
-    /// without a gap; how many it applied.
-    async fn replay_spool(
-        &mut self,
-        leases: &mut TargetLeases,
-        replicas: &mut Replicas,
-        reporter: &Reporter,
-    ) -> Result<u64, Stop> {
+    /// Queues the seed's spooled revisions after the last one received, as far as the spool
+    /// goes without a gap; how many.
+    fn replay_spool(&mut self, flight: &mut Flight) -> Result<u64, Stop> {
         if self.cfg.sync.exact_seed.is_empty() {
             return Ok(0);
         }
         let path = super::digest::spool_path(std::path::Path::new(&self.cfg.sync.exact_seed));
-        let mut spool = SpoolReader::open(&path)
-            .map_err(|e| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display())))?;
-        let mut applied = 0;
-        loop {
-            let next = spool
-                .read_next()
-                .map_err(|e| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display())))?;
-            let Some(rev) = next else { break };
-            let want = self.placed.watermark + 1;
+        let spool_error = |e: mirror_watch::SpoolError| {
+            Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display()))
+        };
+        let mut spool = SpoolReader::open(&path).map_err(spool_error)?;
+        let mut queued = 0;
+        while let Some(rev) = spool.read_next().map_err(spool_error)? {
+            let want = self.received + 1;
             if rev.revision < want {
                 continue;
             }
@@ -234,28 +347,25 @@ impl<'c> Tail<'c> {
                 return Err(Stop::lost(
                     Reason::RevisionMissing,
                     format!(
-                        "the spool {} starts at revision {}, after the replica's next {want}",
+                        "the spool {} holds revision {} after {}, not {want}",
                         path.display(),
-                        rev.revision
+                        rev.revision,
+                        want - 1
                     ),
                 ));
             }
-            self.apply(&rev, leases, replicas, reporter).await?;
-            applied += 1;
+            self.received = rev.revision;
+            flight.waiting.push_back((rev, None));
+            queued += 1;
         }
-        if applied > 0 {
-            info!(
-                applied,
-                watermark = self.placed.watermark,
-                "applied the seed's spooled revisions the source compacted"
-            );
+        if queued > 0 {
+            info!(queued, to = self.received, "the seed's spool holds the revisions the source compacted");
         }
-        Ok(applied)
+        Ok(queued)
     }
 
-    /// Lands source revision `rev` as target revision `rev.revision`, retrying its Txn through
-    /// transient errors (a retry of a Txn that landed is judged `AlreadyLanded`).
-    async fn land(&mut self, rev: &ExactRevision, riders: Vec<etcd_client::TxnOp>) -> Result<Landing, Stop> {
+    /// Txn `rev.revision`, with the lease records `riders` carries.
+    fn build(&self, rev: &ExactRevision, riders: Vec<etcd_client::TxnOp>) -> Result<RevisionTxn, Stop> {
         let record = self.record(rev.revision).encode().map_err(|e| {
             Stop::lost(
                 Reason::InvalidCheckpointRecord,
@@ -263,50 +373,9 @@ impl<'c> Tail<'c> {
             )
         })?;
         let per_level = mirror_fence::ops_per_level(self.cfg.sync.max_txn_ops);
-        let txn = self.placed.fence.txn(rev, record, riders, per_level).map_err(|e| {
+        self.placed.fence.txn(rev, record, riders, per_level).map_err(|e| {
             Stop::lost(Reason::RevisionTooLarge, format!("source revision {}: {e}", rev.revision))
-        })?;
-        let sync = &self.cfg.sync;
-        let mut backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
-        loop {
-            let mut kv = self.target.kv_client();
-            let sent = kv.txn(txn.to_txn(self.placed.fence.key()));
-            let resp = match unary("exact txn", Side::Target, timeout(self.cfg), sent).await {
-                Ok(resp) => resp,
-                Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
-                    let delay = backoff.next_delay();
-                    warn!(revision = rev.revision, "exact Txn failed, retrying in {delay:?}: {e}");
-                    tokio::time::sleep(delay).await;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            return match self.placed.fence.judge(rev.revision, &Answer::of(&resp)) {
-                landing @ (Landing::Landed | Landing::AlreadyLanded) => {
-                    self.placed.watermark = rev.revision;
-                    Ok(landing)
-                }
-                // Another replica of the link landed this revision and more: go on from there
-                // (the revisions up to it are skipped as they arrive).
-                Landing::Behind { at } => {
-                    self.placed.watermark = rev.revision;
-                    Ok(Landing::Behind { at })
-                }
-                Landing::Overtaken => Err(Stop::lost(
-                    Reason::ForeignWrite,
-                    format!(
-                        "Txn {} found its predecessor not landed although it had answered: another writer moved the \
-                         checkpoint",
-                        rev.revision
-                    ),
-                )),
-                Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
-                Landing::Promoted => Err(Stop::lost(
-                    Reason::TargetPromoted,
-                    "the target was promoted (failover or cutover): this link writes it no more",
-                )),
-            };
-        }
+        })
     }
 
     /// The record Txn `revision` puts.

@@ -1,0 +1,128 @@
+//! Exact mode's Txns in flight (SPEC §10, Fence and pipeline): revisions received and not yet
+//! sent, and Txns sent and not yet judged, in order. etcd does not keep the order of
+//! concurrent requests, even on one connection (SPEC §11): a Txn sent before its predecessor
+//! landed may run first, and fails its fence compare. So answers are judged in send order, and
+//! when the first unjudged one did not land (overtaken, or its answer lost), every answer
+//! behind it is awaited too: the last one that landed proves every revision before it landed,
+//! and the rest go back to be sent again in order ([`landed_prefix`]). A second Txn is sent
+//! only while revisions wait, so an unloaded link sends one at a time.
+
+use std::collections::VecDeque;
+
+use etcd_client::TxnResponse;
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
+use futures::StreamExt as _;
+use mirror_core::{EtcdError, ExactRevision};
+use mirror_fence::RevisionTxn;
+
+/// An answer as the pipeline needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// The Txn landed (or had landed, or the checkpoint is past it).
+    Landed,
+    /// It did not land: sent too early, or its answer was lost.
+    Again,
+}
+
+/// How many of a window's Txns, judged in order, landed: up to and including the last one that
+/// did (a Txn lands only after its predecessor landed, so every one before it did too).
+pub(super) fn landed_prefix(verdicts: &[Verdict]) -> usize {
+    verdicts.iter().rposition(|v| *v == Verdict::Landed).map_or(0, |i| i + 1)
+}
+
+/// A revision, with its Txn once built (a Txn sent again is the one built first: the lease
+/// records it carries ride it once).
+pub(super) type Entry = (ExactRevision, Option<RevisionTxn>);
+
+/// Revisions waiting and Txns in flight.
+pub(super) struct Flight {
+    /// Txns in flight at most.
+    pub window: usize,
+    /// Received, not yet sent, in order.
+    pub waiting: VecDeque<Entry>,
+    /// Sent, not yet judged, in order.
+    pub sent: VecDeque<(ExactRevision, RevisionTxn)>,
+    answers: FuturesOrdered<BoxFuture<'static, Result<TxnResponse, EtcdError>>>,
+}
+
+impl Flight {
+    /// An empty pipeline of `window` Txns in flight at most.
+    pub(super) fn new(window: usize) -> Flight {
+        Flight {
+            window: window.max(1),
+            waiting: VecDeque::new(),
+            sent: VecDeque::new(),
+            answers: FuturesOrdered::new(),
+        }
+    }
+
+    /// Whether another Txn may be sent now: one waits, and the window has room (a second only
+    /// while a backlog waits).
+    pub(super) fn room(&self) -> bool {
+        !self.waiting.is_empty() && self.sent.len() < self.window
+    }
+
+    /// Sends `txn` for `rev` with `send`.
+    pub(super) fn send(
+        &mut self,
+        rev: ExactRevision,
+        txn: RevisionTxn,
+        send: BoxFuture<'static, Result<TxnResponse, EtcdError>>,
+    ) {
+        self.sent.push_back((rev, txn));
+        self.answers.push_back(send);
+    }
+
+    /// The next answer, in send order (pending forever while nothing is in flight).
+    pub(super) async fn next_answer(&mut self) -> Result<TxnResponse, EtcdError> {
+        match self.answers.next().await {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Every answer still to come, in order.
+    pub(super) async fn drain(&mut self) -> Vec<Result<TxnResponse, EtcdError>> {
+        let mut all = Vec::with_capacity(self.answers.len());
+        while let Some(answer) = self.answers.next().await {
+            all.push(answer);
+        }
+        all
+    }
+
+    /// Puts the sent Txns from `from` on back in front of the waiting ones, in order.
+    pub(super) fn resend_from(&mut self, from: usize) {
+        while self.sent.len() > from {
+            let (rev, txn) = self.sent.pop_back().expect("len checked");
+            self.waiting.push_front((rev, Some(txn)));
+        }
+    }
+
+    /// The leases the puts of every revision waiting or in flight name: none may be revoked yet.
+    pub(super) fn leases_needed(&self) -> std::collections::BTreeSet<i64> {
+        let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|(r, _)| r));
+        revs.flat_map(|r| r.changes.iter())
+            .filter_map(|c| match c {
+                mirror_core::Change::Put { lease, .. } if *lease != 0 => Some(*lease),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{landed_prefix, Verdict::*};
+
+    /// The last Txn that landed proves those before it landed, whatever their own answers
+    /// said (lost, or sent too early and then overtaken by a resend); those after go again.
+    #[test]
+    fn the_last_landing_proves_the_ones_before_it() {
+        assert_eq!(landed_prefix(&[]), 0);
+        assert_eq!(landed_prefix(&[Again, Again]), 0);
+        assert_eq!(landed_prefix(&[Landed, Again, Again]), 1);
+        assert_eq!(landed_prefix(&[Again, Landed, Again]), 2, "a lost answer before a landing landed");
+        assert_eq!(landed_prefix(&[Landed, Landed]), 2);
+    }
+}

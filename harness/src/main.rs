@@ -124,6 +124,12 @@ enum Command {
         /// `--keys` keys, the minute after it, and a reconcile pass (0: skip the case).
         #[arg(long, default_value_t = 2_000)]
         load_rate: u32,
+        /// Source revisions/s of the exact tail, comma-separated (empty: skip the exact section).
+        #[arg(long, value_delimiter = ',', default_values_t = [500u32, 1_000])]
+        exact_rate: Vec<u32>,
+        /// Only the exact section (ceilings, exact tail, compact tail beside it).
+        #[arg(long)]
+        exact_only: bool,
     },
 }
 
@@ -217,6 +223,8 @@ async fn main() -> anyhow::Result<()> {
             version: v,
             leases,
             load_rate,
+            exact_rate,
+            exact_only,
         } => harness::bench::run(harness::bench::BenchPlan {
             version: version(&v)?,
             keys,
@@ -231,6 +239,8 @@ async fn main() -> anyhow::Result<()> {
             rounds,
             leases,
             load_rate,
+            exact_rates: exact_rate,
+            exact_only,
         })
         .await
         .map(drop),

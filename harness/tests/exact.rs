@@ -205,8 +205,9 @@ async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {
     assert!(said.contains("EQUAL") && said.contains(&format!("target revision:         {head}")), "{said}");
 }
 
-/// A key written on the target by anyone but the link, which the source then changes: the
-/// link stops with `ForeignWrite` and the foreign value stays (nothing overwritten).
+/// A key written on the target by anyone but the link, which the source then changes, with
+/// Txns in flight under churn: the link stops with `ForeignWrite` and the foreign value stays
+/// (nothing overwritten).
 #[tokio::test]
 async fn a_foreign_write_stops_the_link_before_it_overwrites() {
     let source = cluster(EtcdVersion::V3_5_30).await;
@@ -214,13 +215,17 @@ async fn a_foreign_write_stops_the_link_before_it_overwrites() {
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/registry/pods/", 50, 16).await.unwrap();
     seed(&source, &mut target, "seed").await.unwrap();
-    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr").overlay("[sync]\nexact_txns_in_flight = 4");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
     let mut dst = target.client().await.unwrap();
     src.put("/registry/pods/first", "1", None).await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
 
+    let churn = Churn::new("/registry/configmaps/", 2000, 1000, 100).spawn(src.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
     dst.put("/registry/pods/key-0000001", "foreign", None).await.unwrap();
     src.put("/registry/pods/key-0000001", "source", None).await.unwrap();
+    churn.await.unwrap().unwrap();
     let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     let err = failed.last_error.expect("a last error");
     assert_eq!((err.class, err.reason.as_str()), (ErrorClass::Permanent, "ForeignWrite"), "{}", err.message);
@@ -546,4 +551,35 @@ async fn txns_in_flight_land_in_order_whatever_etcd_runs_first() {
     assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
     let resent = agent.status().await.unwrap().exact.map_or(0, |e| e.resent);
     println!("Txns sent again after a reorder: {resent}");
+}
+
+/// A lease that came with the snapshot, left to run out on the target while every agent is down
+/// (the source keeps it alive): its keys went at a target revision the source never had, and
+/// the restarted agent stops with `ForeignWrite` instead of writing on.
+#[tokio::test]
+async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    let lease = src.lease_grant(3, None).await.unwrap().id();
+    let keeper = keep_alive(src.clone(), lease);
+    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    agent.kill9().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        dst.get("/registry/masterleases/a", None).await.unwrap().count(),
+        0,
+        "the lease ran out on the target"
+    );
+    agent.restart().await.unwrap();
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!(err.reason.as_str(), "ForeignWrite", "{}", err.message);
+    keeper.abort();
 }

@@ -221,7 +221,7 @@ impl Default for SyncSection {
             revisions: Revisions::Compact,
             exact_lease_hold: HumanDuration::secs(3600),
             exact_seed: String::new(),
-            exact_txns_in_flight: 2,
+            exact_txns_in_flight: 1,
         }
     }
 }

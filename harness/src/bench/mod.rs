@@ -34,6 +34,7 @@ use etcd_client::{Client, GetOptions, WatchOptions};
 use tokio::time::Instant;
 
 mod baselines;
+mod exact;
 
 pub use crate::figures::{quantile, Figures, LoadedFigures, TailFigures};
 use crate::{
@@ -79,6 +80,10 @@ pub struct BenchPlan {
     pub leases: usize,
     /// Writes/s of the loaded case (0: skipped): see [`loaded_sync`].
     pub load_rate: u32,
+    /// Source revisions/s of the exact tail (empty: the exact section is skipped).
+    pub exact_rates: Vec<u32>,
+    /// Only the exact section.
+    pub exact_only: bool,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -88,6 +93,10 @@ fn ms(d: Duration) -> f64 {
 /// Runs the bench, prints its figures as they come, and draws them when asked.
 pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     let version = plan.version;
+    if plan.exact_only {
+        exact::run(&plan).await?;
+        return Ok(Figures::default());
+    }
     println!("etcd-mirror bench: etcd {version}, {} keys of {} B", plan.keys, plan.value_size);
     let mut f = Figures { keys: plan.keys, value_size: plan.value_size, ..Figures::default() };
 
@@ -226,6 +235,9 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<Figures> {
     drop(target);
     if plan.load_rate > 0 {
         f.loaded = Some(loaded_sync(&plan, &source, &src, &mut f).await?);
+    }
+    if !plan.exact_rates.is_empty() {
+        exact::run(&plan).await?;
     }
     if let Some(path) = &plan.plot {
         crate::plot::draw(&f, path)?;

@@ -88,6 +88,11 @@ impl<'c> Tail<'c> {
         reporter.set_phase(Phase::Syncing, Reason::Syncing);
         let mut flight = Flight::new(self.cfg.sync.exact_txns_in_flight as usize);
         let mut keep = tokio::time::interval(KEEP_CHECK);
+        // The source's compaction is learned on a task of its own: each probe waits up to a
+        // second for etcd's answer, which the tail must not (it stalled every revision behind).
+        let (learned, mut source_compacted) = tokio::sync::watch::channel(0i64);
+        let probe = tokio::spawn(learn_compaction(self.source.clone(), self.cfg.clone(), learned));
+        let _stop_probe = AbortOnDrop(probe);
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
         loop {
@@ -142,7 +147,9 @@ impl<'c> Tail<'c> {
                     self.report_leases_and_spool(&leases, reporter);
                 }
                 _ = compaction.tick() => {
-                    if let Some(at) = self.follow_compaction().await? {
+                    // Also when the replica caught up with a compaction learned earlier.
+                    let at = *source_compacted.borrow_and_update();
+                    if let Some(at) = self.follow_compaction(at).await? {
                         exact_status(reporter, |e| e.compacted_revision = at);
                     }
                 }
@@ -434,8 +441,7 @@ impl<'c> Tail<'c> {
 
     /// Compacts the target where the source compacted, once the replica holds that revision
     /// (compaction adds no revision; "compacted" means someone got there first).
-    async fn follow_compaction(&mut self) -> Result<Option<i64>, Stop> {
-        let Some(at) = compacted_revision(&mut self.source, self.cfg).await? else { return Ok(None) };
+    async fn follow_compaction(&mut self, at: i64) -> Result<Option<i64>, Stop> {
         if at <= self.compacted || at > self.placed.watermark {
             return Ok(None);
         }
@@ -449,6 +455,25 @@ impl<'c> Tail<'c> {
         }
         self.compacted = at;
         Ok(Some(reported))
+    }
+}
+
+/// Aborts a task when dropped (the run that started it ended).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Learns the source's compacted revision every [`COMPACTION_CHECK`] and publishes it.
+async fn learn_compaction(mut source: Client, cfg: Config, learned: tokio::sync::watch::Sender<i64>) {
+    loop {
+        if let Ok(Some(at)) = compacted_revision(&mut source, &cfg).await {
+            learned.send_if_modified(|known| std::mem::replace(known, at) != at);
+        }
+        tokio::time::sleep(COMPACTION_CHECK).await;
     }
 }
 

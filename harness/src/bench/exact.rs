@@ -1,0 +1,149 @@
+//! Exact mode's figures (issue #46), printed by `harness bench` (and alone by `--exact-only`):
+//! - the target's own ceiling for ordered, fenced single-revision Txns of one shape (compare
+//!   the fence key's mod revision with R-1, put one key and the fence key), sent serially and
+//!   with 2 and 4 in flight by a probe independent of the agent, resending in order from a Txn
+//!   etcd ran too early (SPEC §11);
+//! - the exact tail's lag (put acknowledged on the source to seen on the target) at the rates
+//!   asked, open loop, and the highest rate of a ladder it keeps up with (p99 <= 100 ms, and a
+//!   watch on the source itself keeping up);
+//! - compact mode's lag at the same rates and 2 000/s on a fresh pair, for comparison.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use futures::stream::FuturesOrdered;
+use futures::StreamExt as _;
+use tokio::time::Instant;
+
+use super::{ms, tail_lag, BenchPlan};
+use crate::exact::{exact_config, seed};
+use crate::figures::quantile;
+use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster};
+
+/// How long each ceiling probe sends.
+const PROBE_SECONDS: u64 = 5;
+
+/// The p99 within which the exact tail counts as keeping up with a rate.
+const KEPT_UP_P99: Duration = Duration::from_millis(100);
+
+/// Runs the exact section.
+pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
+    let version = plan.version;
+    println!("exact revisions (sync.revisions = \"exact\"), etcd {version}:");
+    let mut best = 0.0f64;
+    for window in [1usize, 2, 4] {
+        let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+        let (rate, resent) = probe_ceiling(&target.client().await?, window).await?;
+        println!(
+            "  target ceiling, ordered fenced 1-revision Txns, {window} in flight: {rate:>7.0} Txns/s ({:.1} % sent again)",
+            resent * 100.0
+        );
+        best = best.max(rate);
+    }
+
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let mut target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let mut src = source.client().await?;
+    load_keys(&mut src, "/bench/seed/", 1000, plan.value_size).await?;
+    seed(&source, &mut target, "bench-seed").await?;
+    let cfg = exact_config(&source, &target, "bench-exact").overlay(&plan.agent_toml);
+    let agent = AgentProcess::start(&cfg).await?;
+    let dst = target.client().await?;
+    let mut kept_up = None;
+    let ladder: Vec<u32> = plan.exact_rates.iter().copied().chain([1250, 1500, 1750, 2000, 2500]).collect();
+    for (i, &rate) in ladder.iter().enumerate() {
+        let asked = i < plan.exact_rates.len();
+        if !asked && kept_up.is_none_or(|k| k < ladder[i - 1]) {
+            break;
+        }
+        let lags = tail_lag(&src, &dst, &format!("/bench/exact{i}/"), rate, plan.tail_seconds).await?;
+        let p99 = quantile(&lags.lags, 0.99);
+        let ok = p99 <= KEPT_UP_P99 && lags.overloaded().is_none();
+        if asked || ok {
+            println!("  exact tail at {rate:>5} revisions/s, open loop: {}", lags.summary());
+        }
+        if let Some(why) = lags.overloaded() {
+            println!("    the source did not keep up with {rate}/s: {why}");
+        }
+        if ok {
+            kept_up = Some(rate);
+        } else if !asked {
+            break;
+        }
+    }
+    let resent = agent.status().await?.exact.map_or(0, |e| e.resent);
+    match kept_up {
+        Some(rate) => println!(
+            "  highest rate the exact tail kept up with (p99 <= {} ms): {rate} revisions/s = {:.2} x the best ceiling ({resent} Txns sent again)",
+            ms(KEPT_UP_P99),
+            rate as f64 / best
+        ),
+        None => println!("  the exact tail kept up with none of the rates (p99 <= {} ms)", ms(KEPT_UP_P99)),
+    }
+    drop(agent);
+
+    let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
+    let cfg = AgentConfig::new("bench-compact", source.endpoints(), target.endpoints(), "/bench/")
+        .with(crate::scenario::FAST_SYNC_TOML)
+        .overlay(&plan.agent_toml);
+    let agent = AgentProcess::start(&cfg).await?;
+    crate::scenario::synced(&agent).await?;
+    let (src, dst) = (source.client().await?, target.client().await?);
+    let mut rates = plan.exact_rates.clone();
+    rates.push(2000);
+    rates.dedup();
+    for (i, rate) in rates.into_iter().enumerate() {
+        let lags = tail_lag(&src, &dst, &format!("/bench/compact{i}/"), rate, plan.tail_seconds).await?;
+        println!("  compact tail at {rate:>5} writes/s, same pair shape: {}", lags.summary());
+    }
+    println!("  compact tail with Txns overlapped: not built (compact mode sends one Txn at a time)");
+    Ok(())
+}
+
+/// Txns/s of ordered fenced single-revision Txns with `window` in flight for
+/// [`PROBE_SECONDS`], and the share sent again (etcd ran a later one first: it failed its
+/// compare, and it and those behind it were sent again in order).
+async fn probe_ceiling(client: &Client, window: usize) -> anyhow::Result<(f64, f64)> {
+    let fence = b"/probe/fence".to_vec();
+    let mut kv = client.kv_client();
+    let head = kv.put(fence.clone(), "0", None).await?.header().map_or(0, |h| h.revision());
+    let txn = |r: i64| {
+        Txn::new().when(vec![Compare::mod_revision(fence.clone(), CompareOp::Equal, r - 1)]).and_then(vec![
+            TxnOp::put(format!("/probe/{r}"), "x", None),
+            TxnOp::put(fence.clone(), r.to_string(), None),
+        ])
+    };
+    let (start, until) = (Instant::now(), Instant::now() + Duration::from_secs(PROBE_SECONDS));
+    let (mut landed, mut next, mut sent, mut again) = (head, head + 1, 0u64, 0u64);
+    let mut flight = FuturesOrdered::new();
+    while Instant::now() < until {
+        while flight.len() < window {
+            let mut kv = kv.clone();
+            let t = txn(next);
+            flight.push_back(async move { kv.txn(t).await });
+            next += 1;
+            sent += 1;
+        }
+        let ok = flight.next().await.expect("in flight")?.succeeded();
+        if ok {
+            landed += 1;
+        } else {
+            // Sent before its predecessor landed: it and those behind it go again, in order.
+            while let Some(answer) = flight.next().await {
+                if answer?.succeeded() {
+                    landed += 1;
+                }
+            }
+            again += (next - (landed + 1)) as u64;
+            next = landed + 1;
+        }
+    }
+    while let Some(answer) = flight.next().await {
+        if answer?.succeeded() {
+            landed += 1;
+        }
+    }
+    let rate = (landed - head) as f64 / start.elapsed().as_secs_f64();
+    Ok((rate, again as f64 / sent.max(1) as f64))
+}

@@ -43,6 +43,8 @@ pub(super) struct Tail<'c> {
     received: i64,
     /// The wait before Txns whose answer was lost are sent again.
     backoff: ExponentialBackoff,
+    /// The range fingerprint every record carries (computed once).
+    range: String,
     /// The last [`Tail::verdict`] was a lost answer.
     lost_answer: bool,
 }
@@ -58,7 +60,20 @@ impl<'c> Tail<'c> {
         let (seen, received) = (placed.watermark, placed.watermark);
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
-        Tail { cfg, source, target, placed, compacted: 0, me, seen, received, backoff, lost_answer: false }
+        let range = cfg.rewriter().range_fingerprint();
+        Tail {
+            cfg,
+            source,
+            target,
+            placed,
+            compacted: 0,
+            me,
+            seen,
+            received,
+            backoff,
+            range,
+            lost_answer: false,
+        }
     }
 
     /// Tails until something stops it.
@@ -313,21 +328,23 @@ impl<'c> Tail<'c> {
             replicas.landed_elsewhere(rev.revision);
         }
         leases.release(rev, needed).await?;
-        exact_status(reporter, |e| {
+        // One status update per revision (each takes the status lock and refreshes the lag).
+        let now = now_rfc3339();
+        let role = replicas.role();
+        reporter.update(|s| {
+            s.watermark = rev.revision;
+            s.role = role;
+            s.source_revision = s.source_revision.max(rev.revision);
+            s.keys_applied_total += rev.changes.len() as u64;
+            s.last_progress_time = Some(now.clone());
+            s.confirmed_time = Some(now);
+            let e = s.exact.get_or_insert_with(Default::default);
             e.target_revision = rev.revision;
             if here {
                 e.landed_here += 1;
             } else {
                 e.landed_elsewhere += 1;
             }
-        });
-        reporter.update(|s| {
-            s.watermark = rev.revision;
-            s.role = replicas.role();
-            s.source_revision = s.source_revision.max(rev.revision);
-            s.keys_applied_total += rev.changes.len() as u64;
-            s.last_progress_time = Some(now_rfc3339());
-            s.confirmed_time = Some(now_rfc3339());
         });
         reporter.revisions_landed(1);
         Ok(())
@@ -400,7 +417,7 @@ impl<'c> Tail<'c> {
             target_cluster_id: self.placed.target_cluster,
             agent_id: self.me.clone(),
             commit: String::new(),
-            range: cfg.rewriter().range_fingerprint(),
+            range: self.range.clone(),
             confirmed_time: now_rfc3339(),
             forced_resyncs: 0,
             scan_restarts: 0,

@@ -230,3 +230,15 @@ impl TargetLeases {
         Ok((resp.ttl() >= 0).then_some(resp.granted_ttl()))
     }
 }
+
+/// Keeps `leases` alive every second until a keep-alive fails (then the reason); for a caller
+/// busy with something else (the seed's proof) to race against.
+pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Err(stop) = leases.keep_due().await {
+            return stop;
+        }
+    }
+}

@@ -122,13 +122,29 @@ async fn run_once(
         Ok(source) => source,
         Err(e) => return e.into(),
     };
-    let placed = match seed::place(cfg, &source, &target).await {
+    // Every target lease is kept alive from the run's first second, through the proof of the
+    // seed too (a restored target's master leases live 15 s; a proof of many keys takes longer).
+    let hold = cfg.sync.exact_lease_hold.get();
+    let records = tail::lease_records(cfg);
+    let adopted =
+        leases::TargetLeases::adopt(source.clone(), target.clone(), hold, timeout(cfg), records).await;
+    let mut leases = match adopted {
+        Ok(leases) => leases,
+        Err(stop) => return stop,
+    };
+    let placing = async {
+        tokio::select! {
+            placed = seed::place(cfg, &source, &target) => placed,
+            stop = leases::keep_meanwhile(&mut leases) => Err(stop),
+        }
+    };
+    let placed = match placing.await {
         Ok(placed) => placed,
         Err(stop) => return stop,
     };
     backoff.reset();
     let me = reporter.read(|s| s.agent_id.clone());
-    tail::Tail::new(cfg, source, target, placed, me).run(reporter, shutdown).await
+    tail::Tail::new(cfg, source, target, placed, me).run(leases, reporter, shutdown).await
 }
 
 /// The deadline of one unary call.

@@ -77,8 +77,13 @@ impl<'c> Tail<'c> {
     }
 
     /// Tails until something stops it.
-    pub(super) async fn run(mut self, reporter: &Reporter, shutdown: &CancellationToken) -> Stop {
-        match self.tail(reporter, shutdown).await {
+    pub(super) async fn run(
+        mut self,
+        leases: TargetLeases,
+        reporter: &Reporter,
+        shutdown: &CancellationToken,
+    ) -> Stop {
+        match self.tail(leases, reporter, shutdown).await {
             Ok(never) => match never {},
             Err(stop) => stop,
         }
@@ -86,14 +91,10 @@ impl<'c> Tail<'c> {
 
     async fn tail(
         &mut self,
+        mut leases: TargetLeases,
         reporter: &Reporter,
         shutdown: &CancellationToken,
     ) -> Result<std::convert::Infallible, Stop> {
-        let hold = self.cfg.sync.exact_lease_hold.get();
-        let records = lease_records(self.cfg);
-        let mut leases =
-            TargetLeases::adopt(self.source.clone(), self.target.clone(), hold, timeout(self.cfg), records)
-                .await?;
         let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
         let mut replicas =
             Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;

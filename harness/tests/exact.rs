@@ -583,3 +583,58 @@ async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
     assert_eq!(err.reason.as_str(), "ForeignWrite", "{}", err.message);
     keeper.abort();
 }
+
+/// The checkpoint deleted on the target by another writer: the next Txn finds no fence where
+/// its predecessor's landing left one, and the link stops with `ForeignWrite` instead of
+/// sending that Txn again and again as if etcd had run it too early.
+#[tokio::test]
+async fn a_deleted_checkpoint_stops_the_link() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 10, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    for i in 0..3 {
+        src.put(format!("/registry/pods/n{i}"), "1", None).await.unwrap();
+    }
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    // Deleted and the source written at once, before the agent's idle fence check looks.
+    dst.delete(cfg.parsed().unwrap().checkpoint_key(), None).await.unwrap();
+    src.put("/registry/pods/n9", "1", None).await.unwrap();
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!(err.reason.as_str(), "ForeignWrite", "{}", err.message);
+    assert_eq!(
+        dst.get("/registry/pods/n9", None).await.unwrap().count(),
+        0,
+        "nothing landed after the delete"
+    );
+}
+
+/// A chain A -> B -> C in exact mode: each link's checkpoint names the link, so C, seeded from a
+/// snapshot of B (which holds A's record, frozen on C), mirrors B under its own record, and all
+/// three clusters agree on every revision and key, reserved keys left out.
+#[tokio::test]
+async fn a_chain_of_exact_links_keeps_revisions_end_to_end() {
+    let a = cluster(EtcdVersion::V3_5_30).await;
+    let mut b = cluster(EtcdVersion::V3_5_30).await;
+    let mut c = cluster(EtcdVersion::V3_5_30).await;
+    let mut ac = a.client().await.unwrap();
+    load_keys(&mut ac, "/registry/pods/", 30, 16).await.unwrap();
+    seed(&a, &mut b, "ab").await.unwrap();
+    let ab = AgentProcess::start(&exact_config(&a, &b, "a-b")).await.unwrap();
+    ac.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut bc_client = b.client().await.unwrap();
+    assert_exact(&ab, &mut ac, &mut bc_client, "A -> B").await;
+    seed(&b, &mut c, "bc").await.unwrap();
+    let bc = AgentProcess::start(&exact_config(&b, &c, "b-c")).await.unwrap();
+    Churn::new("/registry/pods/", 300, 200, 50).with_leases().spawn(ac.clone()).await.unwrap().unwrap();
+    let mut cc = c.client().await.unwrap();
+    assert_exact(&ab, &mut ac, &mut bc_client, "A -> B under churn").await;
+    assert_exact(&bc, &mut bc_client, &mut cc, "B -> C under churn").await;
+    let (ka, kc) = (keyspace(&mut ac).await.unwrap(), keyspace(&mut cc).await.unwrap());
+    assert_eq!(keyspace_difference(&ka, &kc), None, "A and C agree");
+}

@@ -41,8 +41,9 @@ pub(super) struct Flight {
     pub window: usize,
     /// Received, not yet sent, in order.
     pub waiting: VecDeque<Entry>,
-    /// Sent, not yet judged, in order.
-    pub sent: VecDeque<(ExactRevision, RevisionTxn)>,
+    /// Sent, not yet judged, in order, each with whether its predecessor had landed (its
+    /// answer judged) when it was sent.
+    pub sent: VecDeque<(ExactRevision, RevisionTxn, bool)>,
     answers: FuturesOrdered<BoxFuture<'static, Result<TxnResponse, EtcdError>>>,
 }
 
@@ -63,14 +64,17 @@ impl Flight {
         !self.waiting.is_empty() && self.sent.len() < self.window
     }
 
-    /// Sends `txn` for `rev` with `send`.
+    /// Sends `txn` for `rev` with `send`; `after_landed`: its predecessor's landing was judged
+    /// before (then etcd cannot have run it too early, and a fence compare it fails as if it had
+    /// is another writer's doing).
     pub(super) fn send(
         &mut self,
         rev: ExactRevision,
         txn: RevisionTxn,
+        after_landed: bool,
         send: BoxFuture<'static, Result<TxnResponse, EtcdError>>,
     ) {
-        self.sent.push_back((rev, txn));
+        self.sent.push_back((rev, txn, after_landed));
         self.answers.push_back(send);
     }
 
@@ -94,14 +98,14 @@ impl Flight {
     /// Puts the sent Txns from `from` on back in front of the waiting ones, in order.
     pub(super) fn resend_from(&mut self, from: usize) {
         while self.sent.len() > from {
-            let (rev, txn) = self.sent.pop_back().expect("len checked");
+            let (rev, txn, _) = self.sent.pop_back().expect("len checked");
             self.waiting.push_front((rev, Some(txn)));
         }
     }
 
     /// The leases the puts of every revision waiting or in flight name: none may be revoked yet.
     pub(super) fn leases_needed(&self) -> std::collections::BTreeSet<i64> {
-        let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|(r, _)| r));
+        let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|(r, _, _)| r));
         revs.flat_map(|r| r.changes.iter())
             .filter_map(|c| match c {
                 mirror_core::Change::Put { lease, .. } if *lease != 0 => Some(*lease),

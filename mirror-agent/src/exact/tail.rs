@@ -227,11 +227,9 @@ impl<'c> Tail<'c> {
             };
             let (mut kv, t) = (self.target.kv_client(), timeout(self.cfg));
             let request = txn.to_txn(self.placed.fence.key());
-            flight.send(
-                rev,
-                txn,
-                Box::pin(async move { unary("exact txn", Side::Target, t, kv.txn(request)).await }),
-            );
+            let after_landed = self.placed.watermark == rev.revision - 1;
+            let send = Box::pin(async move { unary("exact txn", Side::Target, t, kv.txn(request)).await });
+            flight.send(rev, txn, after_landed, send);
         }
         Ok(())
     }
@@ -248,10 +246,23 @@ impl<'c> Tail<'c> {
         replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
-        let first = flight.sent.front().expect("an answer for a Txn in flight").0.revision;
+        let (first, after_landed) =
+            flight.sent.front().map(|(r, _, after)| (r.revision, *after)).expect("in flight");
         let (verdict, here) = self.verdict(first, answer)?;
+        if verdict == Verdict::Again && !self.lost_answer && after_landed {
+            // Its predecessor had landed before it was sent, yet it found the checkpoint behind
+            // it: the checkpoint went back (deleted, or put again) under another writer.
+            return Err(Stop::lost(
+                Reason::ForeignWrite,
+                format!(
+                    "Txn {first} was sent after {} landed and found the checkpoint behind it: another writer deleted \
+                     or rewrote the checkpoint",
+                    first - 1
+                ),
+            ));
+        }
         if verdict == Verdict::Landed {
-            let (rev, _) = flight.sent.pop_front().expect("checked");
+            let (rev, _, _) = flight.sent.pop_front().expect("checked");
             self.backoff.reset();
             let needed = flight.leases_needed();
             return self.done(&rev, here, &needed, leases, replicas, reporter).await;
@@ -265,7 +276,7 @@ impl<'c> Tail<'c> {
         }
         let landed = landed_prefix(&verdicts);
         for _ in 0..landed {
-            let (rev, _) = flight.sent.pop_front().expect("counted");
+            let (rev, _, _) = flight.sent.pop_front().expect("counted");
             let needed = flight.leases_needed();
             self.done(&rev, false, &needed, leases, replicas, reporter).await?;
         }

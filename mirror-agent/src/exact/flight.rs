@@ -103,12 +103,19 @@ impl Flight {
         }
     }
 
-    /// The leases the puts of every revision waiting or in flight name: none may be revoked yet.
-    pub(super) fn leases_needed(&self) -> std::collections::BTreeSet<i64> {
+    /// Of the leases `landed`'s changes left, those a put of a revision waiting or in flight
+    /// names: none of them may be revoked yet. Nothing is scanned for a revision that left no
+    /// lease (most do), so a backlog costs nothing per landing.
+    pub(super) fn still_needed(&self, landed: &ExactRevision) -> std::collections::BTreeSet<i64> {
+        let left: std::collections::BTreeSet<i64> =
+            landed.changes.iter().map(mirror_core::Change::left_lease).filter(|l| *l != 0).collect();
+        if left.is_empty() {
+            return left;
+        }
         let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|(r, _, _)| r));
         revs.flat_map(|r| r.changes.iter())
             .filter_map(|c| match c {
-                mirror_core::Change::Put { lease, .. } if *lease != 0 => Some(*lease),
+                mirror_core::Change::Put { lease, .. } if left.contains(lease) => Some(*lease),
                 _ => None,
             })
             .collect()
@@ -117,7 +124,25 @@ impl Flight {
 
 #[cfg(test)]
 mod tests {
-    use super::{landed_prefix, Verdict::*};
+    use mirror_core::{Change, ExactRevision};
+
+    use super::{landed_prefix, Flight, Verdict::*};
+
+    fn put(key: &str, lease: i64, prev_lease: i64) -> Change {
+        Change::Put { key: key.into(), value: Vec::new(), lease, version: 2, create_revision: 1, prev_lease }
+    }
+
+    /// A lease a landed revision left is still needed while a revision waiting to land puts a
+    /// key under it; one nobody names any more may go; a revision that left none needs nothing.
+    #[test]
+    fn a_lease_left_is_kept_while_a_waiting_revision_names_it() {
+        let mut flight = Flight::new(1);
+        flight.waiting.push_back((ExactRevision { revision: 12, changes: vec![put("/b", 7, 0)] }, None));
+        let landed = ExactRevision { revision: 11, changes: vec![put("/a", 0, 7), put("/c", 0, 8)] };
+        assert_eq!(flight.still_needed(&landed).into_iter().collect::<Vec<_>>(), [7]);
+        let quiet = ExactRevision { revision: 11, changes: vec![put("/a", 7, 7)] };
+        assert!(flight.still_needed(&quiet).is_empty());
+    }
 
     /// The last Txn that landed proves those before it landed, whatever their own answers
     /// said (lost, or sent too early and then overtaken by a resend); those after go again.

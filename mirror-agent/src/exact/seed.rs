@@ -96,7 +96,8 @@ pub(super) async fn not_promoted(cfg: &Config, target: &Client) -> Result<(), St
     }
 }
 
-fn promoted(record: &Checkpoint) -> Stop {
+/// The link stops: the target was promoted at `record`.
+pub(super) fn promoted(record: &Checkpoint) -> Stop {
     Stop::lost(
         Reason::TargetPromoted,
         format!(

@@ -45,8 +45,6 @@ pub(super) struct Tail<'c> {
     backoff: ExponentialBackoff,
     /// The range fingerprint every record carries (computed once).
     range: String,
-    /// The last [`Tail::verdict`] was a lost answer.
-    lost_answer: bool,
 }
 
 impl<'c> Tail<'c> {
@@ -61,19 +59,7 @@ impl<'c> Tail<'c> {
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
-        Tail {
-            cfg,
-            source,
-            target,
-            placed,
-            compacted: 0,
-            me,
-            seen,
-            received,
-            backoff,
-            range,
-            lost_answer: false,
-        }
+        Tail { cfg, source, target, placed, compacted: 0, me, seen, received, backoff, range }
     }
 
     /// Tails until something stops it.
@@ -212,7 +198,7 @@ impl<'c> Tail<'c> {
                 let revision = flight.waiting.front().expect("room() checked").0.revision;
                 if replicas.turn(revision).await? == Turn::Landed {
                     let (rev, _) = flight.waiting.pop_front().expect("room() checked");
-                    let needed = flight.leases_needed();
+                    let needed = flight.still_needed(&rev);
                     self.done(&rev, false, &needed, leases, replicas, reporter).await?;
                     continue;
                 }
@@ -248,8 +234,8 @@ impl<'c> Tail<'c> {
     ) -> Result<(), Stop> {
         let (first, after_landed) =
             flight.sent.front().map(|(r, _, after)| (r.revision, *after)).expect("in flight");
-        let (verdict, here) = self.verdict(first, answer)?;
-        if verdict == Verdict::Again && !self.lost_answer && after_landed {
+        let (verdict, here, lost) = self.verdict(first, answer)?;
+        if verdict == Verdict::Again && !lost && after_landed {
             // Its predecessor had landed before it was sent, yet it found the checkpoint behind
             // it: the checkpoint went back (deleted, or put again) under another writer.
             return Err(Stop::lost(
@@ -264,20 +250,20 @@ impl<'c> Tail<'c> {
         if verdict == Verdict::Landed {
             let (rev, _, _) = flight.sent.pop_front().expect("checked");
             self.backoff.reset();
-            let needed = flight.leases_needed();
+            let needed = flight.still_needed(&rev);
             return self.done(&rev, here, &needed, leases, replicas, reporter).await;
         }
-        let mut verdicts = vec![verdict];
-        let mut lost = self.lost_answer;
+        let (mut verdicts, mut lost) = (vec![verdict], lost);
         for (i, answer) in flight.drain().await.into_iter().enumerate() {
             let revision = flight.sent[i + 1].0.revision;
-            verdicts.push(self.verdict(revision, answer)?.0);
-            lost |= self.lost_answer;
+            let (verdict, _, lost_too) = self.verdict(revision, answer)?;
+            verdicts.push(verdict);
+            lost |= lost_too;
         }
         let landed = landed_prefix(&verdicts);
         for _ in 0..landed {
             let (rev, _, _) = flight.sent.pop_front().expect("counted");
-            let needed = flight.leases_needed();
+            let needed = flight.still_needed(&rev);
             self.done(&rev, false, &needed, leases, replicas, reporter).await?;
         }
         let again = flight.sent.len() as u64;
@@ -291,28 +277,26 @@ impl<'c> Tail<'c> {
         Ok(())
     }
 
-    /// One answer as a verdict, and whether this agent's Txn was the one that landed; a lost
-    /// answer (a transient error) is `Again` and sets `lost_answer`. A foreign write or a
-    /// promoted target stops the link.
+    /// One answer as a verdict, whether this agent's Txn was the one that landed, and whether
+    /// the answer was lost (a transient error: `Again`). A foreign write or a promoted target
+    /// stops the link.
     fn verdict(
-        &mut self,
+        &self,
         revision: i64,
         answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
-    ) -> Result<(Verdict, bool), Stop> {
-        self.lost_answer = false;
+    ) -> Result<(Verdict, bool, bool), Stop> {
         let resp = match answer {
             Ok(resp) => resp,
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
-                self.lost_answer = true;
-                return Ok((Verdict::Again, false));
+                return Ok((Verdict::Again, false, true));
             }
             Err(e) => return Err(e.into()),
         };
         match self.placed.fence.judge(revision, &Answer::of(&resp)) {
-            Landing::Landed => Ok((Verdict::Landed, true)),
+            Landing::Landed => Ok((Verdict::Landed, true, false)),
             // Landed before (a lost answer), or another replica landed it and maybe more.
-            Landing::AlreadyLanded | Landing::Behind { .. } => Ok((Verdict::Landed, false)),
-            Landing::Overtaken => Ok((Verdict::Again, false)),
+            Landing::AlreadyLanded | Landing::Behind { .. } => Ok((Verdict::Landed, false, false)),
+            Landing::Overtaken => Ok((Verdict::Again, false, false)),
             Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
             Landing::Promoted => Err(Stop::lost(
                 Reason::TargetPromoted,
@@ -448,11 +432,8 @@ impl<'c> Tail<'c> {
         let resp = unary("read checkpoint", Side::Target, timeout(self.cfg), kv.get(key, None)).await?;
         let head = resp.header().map_or(0, |h| h.revision());
         let record = resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()).ok());
-        if record.is_some_and(|r| r.role == Role::Primary) {
-            return Err(Stop::lost(
-                Reason::TargetPromoted,
-                "the target was promoted (failover or cutover): this link writes it no more",
-            ));
+        if let Some(record) = record.filter(|r| r.role == Role::Primary) {
+            return Err(super::seed::promoted(&record));
         }
         let at = resp.kvs().first().map_or(self.placed.fence.seed(), |kv| kv.mod_revision());
         if head != at || at < self.placed.watermark {

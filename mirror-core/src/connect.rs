@@ -121,7 +121,8 @@ async fn client(
         })?;
         opts = opts.with_user(auth.username.clone(), password).with_auto_token_refresh(true);
     }
-    Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts))
+    let channel = tower::util::BoxCloneSyncService::new(crate::watch_split::SplitWatch(channel));
+    Client::from_channel(etcd_client::Channel::Custom(channel), Some(opts))
         .await
         .map_err(|e| EtcdError::new("connect", side, e))
 }

@@ -19,7 +19,9 @@
 //!   and the reconcile all produce them, and only the fenced writer sends them.
 //! - **Connect** ([`connect()`]): keepalive and require-leader on every client; per-call deadlines
 //!   through [`unary`]; TLS material read from disk at every connect ([`tls`]), so rotated files
-//!   are used from the next connect on.
+//!   are used from the next connect on. A watch response over 1 MiB is cut into pieces flagged
+//!   `fragment` before it is decoded ([`watch_split`]), so one huge revision is never decoded
+//!   whole.
 //!
 //! ## What it deliberately does not do
 //! It never writes to etcd and holds no state: fencing lives in `mirror-fence`, the engine in
@@ -49,6 +51,7 @@ pub mod testing;
 pub mod tls;
 mod tls_alert;
 mod units;
+pub mod watch_split;
 
 pub use auth::{read_password, Auth};
 pub use backoff::{Action, ExponentialBackoff, RetryPolicy, ThrottleState};

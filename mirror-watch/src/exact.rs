@@ -6,8 +6,10 @@
 //! revision has at least one event, and a watch of every key sees each one. A revision number
 //! that does not follow the last one means events were not delivered: the replica would be
 //! wrong from there on, so the watch reports it ([`ExactError::Missing`]) and the link stops.
-//! A revision's events arrive in one response (the watch is opened without fragments, and etcd
-//! cuts its batches at revision boundaries); one split across responses is refused too.
+//! etcd cuts its batches at revision boundaries, so a revision's events arrive in one response,
+//! unless the agent's client cut that response into pieces flagged `fragment`
+//! ([`mirror_core::watch_split`]: one over 1 MiB): a revision cut so is joined here and
+//! delivered whole. A revision number repeated in any other way is refused.
 
 use etcd_client::{Client, Event, EventType, WatchOptions, WatchResponse, WatchResponseStream};
 use mirror_core::{Change, EtcdError, ExactRevision, Side, RESERVED_MARKER};
@@ -54,6 +56,8 @@ pub struct ExactWatch {
     stream: WatchResponseStream,
     _sender: etcd_client::WatchRequestSender,
     next: i64,
+    /// The last revision of a response flagged `fragment`: its events may go on in the next.
+    held: Option<ExactRevision>,
 }
 
 impl ExactWatch {
@@ -71,23 +75,34 @@ impl ExactWatch {
             .await
             .map_err(|e| EtcdError::new("open exact watch", Side::Source, e))?;
         let (sender, stream) = stream.split();
-        Ok(ExactWatch { stream, _sender: sender, next: start })
+        Ok(ExactWatch { stream, _sender: sender, next: start, held: None })
     }
 
     /// The next response, as revisions checked to follow each other.
     pub async fn next(&mut self) -> Result<ExactDelivery, ExactError> {
-        let resp = match self.stream.message().await {
-            Ok(Some(resp)) => resp,
-            Ok(None) => return Err(ExactError::Ended("closed by the server".into())),
-            Err(e) => return Err(ExactError::Ended(e.to_string())),
-        };
-        deliver(&resp, &mut self.next)
+        loop {
+            let resp = match self.stream.message().await {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return Err(ExactError::Ended("closed by the server".into())),
+                Err(e) => return Err(ExactError::Ended(e.to_string())),
+            };
+            match deliver(&resp, &mut self.next, &mut self.held)? {
+                // A fragment whose one revision goes on in the next response.
+                ExactDelivery::Revisions { revisions, .. } if revisions.is_empty() => continue,
+                delivery => return Ok(delivery),
+            }
+        }
     }
 }
 
 /// One response as a delivery; `next` is the revision that must come first, moved past what
-/// was delivered.
-pub fn deliver(resp: &WatchResponse, next: &mut i64) -> Result<ExactDelivery, ExactError> {
+/// was delivered. `held` carries the last revision of a response flagged `fragment` into the
+/// next response (whose first events may belong to it): it is delivered once whole.
+pub fn deliver(
+    resp: &WatchResponse,
+    next: &mut i64,
+    held: &mut Option<ExactRevision>,
+) -> Result<ExactDelivery, ExactError> {
     if resp.compact_revision() > 0 {
         return Ok(ExactDelivery::Compacted(resp.compact_revision()));
     }
@@ -98,13 +113,23 @@ pub fn deliver(resp: &WatchResponse, next: &mut i64) -> Result<ExactDelivery, Ex
     if resp.events().is_empty() {
         return Ok(ExactDelivery::Reply(header));
     }
-    exact_revisions(resp.events(), next).map(|revisions| ExactDelivery::Revisions { revisions, header })
+    // etcd-client exposes the `fragment` flag only through the raw message.
+    let mut revisions = exact_revisions(resp.events(), next, held.take())?;
+    if resp.0.fragment {
+        *held = revisions.pop();
+    }
+    Ok(ExactDelivery::Revisions { revisions, header })
 }
 
 /// Events grouped into revisions, reserved keys (`\0etcd-mirror/...`, other links' records)
-/// left out of the changes but their revision kept; each revision must be `next`.
-pub fn exact_revisions(events: &[Event], next: &mut i64) -> Result<Vec<ExactRevision>, ExactError> {
-    let mut out: Vec<ExactRevision> = Vec::new();
+/// left out of the changes but their revision kept; each revision must be `next`, except that
+/// the first events may go on with `carry` (a revision begun in a fragment before).
+pub fn exact_revisions(
+    events: &[Event],
+    next: &mut i64,
+    carry: Option<ExactRevision>,
+) -> Result<Vec<ExactRevision>, ExactError> {
+    let mut out: Vec<ExactRevision> = carry.into_iter().collect();
     for event in events {
         let Some(kv) = event.kv() else { continue };
         let revision = kv.mod_revision();
@@ -185,6 +210,7 @@ mod tests {
                 del("/a", 12, 10),
             ]),
             &mut next,
+            &mut None,
         )
         .unwrap();
         let ExactDelivery::Revisions { revisions: revs, .. } = got else { panic!("{got:?}") };
@@ -210,15 +236,46 @@ mod tests {
         assert_eq!(next, 13);
     }
 
+    /// A revision cut across responses flagged `fragment` (mirror-core's watch_split cuts one
+    /// over 1 MiB) is delivered once, whole, with the revision after it; without the flag the
+    /// same second half is a repeat and refused.
+    #[test]
+    fn a_revision_cut_into_fragments_is_joined() {
+        let fragment = |events| {
+            let mut resp = response(events);
+            resp.0.fragment = true;
+            resp
+        };
+        let (mut next, mut held) = (10, None);
+        let first =
+            deliver(&fragment(vec![put("/a", 10, 1), put("/b", 11, 1)]), &mut next, &mut held).unwrap();
+        let ExactDelivery::Revisions { revisions, .. } = first else { panic!("{first:?}") };
+        assert_eq!(revisions.iter().map(|r| r.revision).collect::<Vec<_>>(), [10]);
+        let second = deliver(&fragment(vec![put("/c", 11, 1)]), &mut next, &mut held).unwrap();
+        assert!(matches!(&second, ExactDelivery::Revisions { revisions, .. } if revisions.is_empty()));
+        let last =
+            deliver(&response(vec![put("/d", 11, 1), del("/a", 12, 10)]), &mut next, &mut held).unwrap();
+        let ExactDelivery::Revisions { revisions, .. } = last else { panic!("{last:?}") };
+        assert_eq!(
+            revisions.iter().map(|r| (r.revision, r.changes.len())).collect::<Vec<_>>(),
+            [(11, 3), (12, 1)]
+        );
+        assert!(held.is_none());
+        assert_eq!(next, 13);
+        let err = deliver(&response(vec![put("/e", 12, 1)]), &mut next, &mut held).unwrap_err();
+        assert!(matches!(err, ExactError::Missing { expected: 13, got: 12, .. }), "{err}");
+    }
+
     /// A skipped revision number is loss, and a revision repeated (or split across two
     /// responses) is refused too: nothing of the offending response is delivered.
     #[test]
     fn a_missing_or_repeated_revision_is_refused() {
         let mut next = 10;
-        let err = deliver(&response(vec![put("/a", 10, 1), put("/a", 12, 2)]), &mut next).unwrap_err();
+        let err =
+            deliver(&response(vec![put("/a", 10, 1), put("/a", 12, 2)]), &mut next, &mut None).unwrap_err();
         assert!(matches!(err, ExactError::Missing { expected: 11, got: 12, .. }), "{err}");
         let mut next = 11;
-        let err = deliver(&response(vec![put("/a", 10, 1)]), &mut next).unwrap_err();
+        let err = deliver(&response(vec![put("/a", 10, 1)]), &mut next, &mut None).unwrap_err();
         assert!(matches!(err, ExactError::Missing { expected: 11, got: 10, .. }), "{err}");
     }
 
@@ -227,6 +284,6 @@ mod tests {
     fn a_compaction_is_delivered_as_such() {
         let resp =
             WatchResponse(PbWatchResponse { compact_revision: 40, canceled: true, ..Default::default() });
-        assert!(matches!(deliver(&resp, &mut 30), Ok(ExactDelivery::Compacted(40))));
+        assert!(matches!(deliver(&resp, &mut 30, &mut None), Ok(ExactDelivery::Compacted(40))));
     }
 }

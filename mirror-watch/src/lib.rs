@@ -83,9 +83,11 @@ pub use spool::{SpoolError, SpoolReader, SpoolWriter};
 /// ([`open_watch`]). Not fragmenting by default is deliberate: etcd cuts fragments by
 /// recomputing the message size after each event it adds, which is quadratic in the events of
 /// one piece; a revision of 300 000 deletes then takes the source minutes of CPU to send.
-/// Sized for G6: a response of small delete events decodes to about six times its wire size
-/// (300 000 deletes: 10.5 MB on the wire, about 70 MiB in the agent at its peak).
-pub const WATCH_RESPONSE_LIMIT: usize = 12 << 20;
+/// Up to this size the agent's client holds a response encoded and cuts it into pieces of
+/// 1 MiB before it is decoded ([`mirror_core::watch_split`]): a response of small delete events
+/// decodes to about six times its wire size (300 000 deletes: 10.5 MB on the wire, 60 MiB
+/// decoded whole, the agent at 93-98 MiB RSS; cut, 59 MiB).
+pub const WATCH_RESPONSE_LIMIT: usize = mirror_core::watch_split::RAW_LIMIT;
 
 /// The largest response of a fragmented watch: a piece is at most the source's
 /// `--max-request-bytes` (1.5 MiB by default; etcd recommends at most 10 MiB).

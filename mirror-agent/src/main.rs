@@ -274,16 +274,13 @@ fn run(file: &std::path::Path, listen: Option<String>, format: LogFormat) -> Exi
         let (reload_tx, reload_rx) = tokio::sync::watch::channel(config.clone());
         tokio::spawn(freshness_watchdog(status.clone(), reload_rx.clone(), shutdown.clone()));
         let engine = if config.exact() {
-            // Exact mode takes no live reload yet: a SIGHUP is checked and logged, and its
-            // changes apply at the next start.
-            drop(reload_rx);
             let reporter = reporter::Reporter::new(status, freshness::Freshness::of(&config)).with_metrics(metrics);
             reporter.update(|s| {
                 s.link_uid = config.link_uid.clone();
                 s.epoch = config.epoch as u64;
                 s.agent_id = format!("{}/{}", engine::hostname(), std::process::id());
             });
-            tokio::spawn(exact::run(config.clone(), reporter, shutdown.clone()))
+            tokio::spawn(exact::run(config.clone(), reporter, shutdown.clone(), reload_rx))
         } else {
             tokio::spawn(
                 engine::Engine::new(config.clone(), status, shutdown.clone())

@@ -10,6 +10,12 @@
 //! What stops the link for good (`failed`, nothing more written): a foreign write, a missing
 //! revision, a target that is not a restore of this source or whose history the source
 //! compacted (`ReseedRequired`). A transient error retries the run from the checkpoint.
+//!
+//! A reload (SIGHUP) ends the run and starts the next from the checkpoint with the new config:
+//! a Txn in flight then has landed or not, and the fence tells which. With `paused = true` the
+//! run holds the target leases alive and writes nothing, its watch closed, until a reload
+//! unpauses it (a source compaction past the checkpoint meanwhile is `ReseedRequired`, unless
+//! the seed's spool holds the revisions).
 
 use std::time::Duration;
 
@@ -17,7 +23,7 @@ use mirror_core::{
     connect, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason, Side,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::reporter::Reporter;
 
@@ -61,14 +67,25 @@ impl Stop {
     }
 }
 
-/// Runs the exact link until `shutdown`: a run per connect, retried after transient errors.
-pub async fn run(cfg: Config, reporter: Reporter, shutdown: CancellationToken) {
+/// Runs the exact link until `shutdown`: a run per connect, retried after transient errors,
+/// started again with the new config at a reload.
+pub async fn run(
+    mut cfg: Config,
+    reporter: Reporter,
+    shutdown: CancellationToken,
+    mut reload: tokio::sync::watch::Receiver<Config>,
+) {
     let sync = &cfg.sync;
     let mut backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
     loop {
         reporter.set_phase(Phase::Connecting, Reason::Connecting);
         let ended = tokio::select! {
             _ = shutdown.cancelled() => return,
+            Ok(()) = reload.changed() => {
+                cfg = reload.borrow_and_update().clone();
+                info!(paused = cfg.paused, "config reloaded: the exact link starts its run again from the checkpoint");
+                continue;
+            }
             ended = run_once(&cfg, &reporter, &shutdown, &mut backoff) => ended,
         };
         match ended {
@@ -97,6 +114,8 @@ pub async fn run(cfg: Config, reporter: Reporter, shutdown: CancellationToken) {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
+                    // A reload is applied by the next run, at once.
+                    Ok(()) = reload.changed() => {}
                 }
             }
         }
@@ -132,6 +151,11 @@ async fn run_once(
         Ok(leases) => leases,
         Err(stop) => return stop,
     };
+    if cfg.paused {
+        reporter.set_phase(Phase::Paused, Reason::Paused);
+        info!("paused by config: the watch is closed and nothing is written, the target leases are kept alive, until a reload sets paused = false");
+        return leases::keep_meanwhile(&mut leases).await;
+    }
     let placing = async {
         tokio::select! {
             placed = seed::place(cfg, &source, &target) => placed,

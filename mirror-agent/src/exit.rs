@@ -38,6 +38,18 @@ impl Exit {
     }
 }
 
+/// A one-shot command's outcome as the process exit code: an error is printed, naming the
+/// command, and ends the process as `on_error`.
+pub fn reported(command: &str, outcome: anyhow::Result<Exit>, on_error: Exit) -> ExitCode {
+    match outcome {
+        Ok(exit) => exit.into(),
+        Err(e) => {
+            eprintln!("mirror-agent {command}: {e:#}");
+            on_error.into()
+        }
+    }
+}
+
 impl From<Exit> for ExitCode {
     fn from(exit: Exit) -> ExitCode {
         ExitCode::from(exit.code())

@@ -22,13 +22,7 @@ use crate::exit::Exit;
 
 /// Runs the cutover of an exact link.
 pub(crate) async fn cutover(config: &Config) -> ExitCode {
-    match run(config).await {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("mirror-agent cutover: {e:#}");
-            Exit::CannotStart.into()
-        }
-    }
+    crate::exit::reported("cutover", run(config).await, Exit::CannotStart)
 }
 
 async fn run(config: &Config) -> anyhow::Result<Exit> {

@@ -29,13 +29,7 @@ use crate::exit::Exit;
 
 /// Runs the failover of an exact link (the source was probed and found lost, or `--force`).
 pub(crate) async fn failover(config: &Config) -> ExitCode {
-    match run(config).await {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("mirror-agent failover: {e:#}");
-            Exit::CannotStart.into()
-        }
-    }
+    crate::exit::reported("failover", run(config).await, Exit::CannotStart)
 }
 
 async fn run(config: &Config) -> anyhow::Result<Exit> {

@@ -35,13 +35,7 @@ pub struct Admin {
 
 /// Runs `snapshot save`.
 pub async fn save(cfg: Config, file: PathBuf, admin: Option<Admin>) -> ExitCode {
-    match run(&cfg, &file, admin).await {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("mirror-agent snapshot save: {e:#}");
-            Exit::No.into()
-        }
-    }
+    crate::exit::reported("snapshot save", run(&cfg, &file, admin).await, Exit::No)
 }
 
 async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<Exit> {

@@ -581,6 +581,32 @@ async fn a_revision_cut_into_fragments_lands_whole() {
     assert!(agent.status().await.unwrap().last_error.is_none());
 }
 
+/// A catch-up over the watch's decode limit: while the agent is down the source rewrites four
+/// values of 64 KiB 200 times, one revision each, so the restarted agent's watch would get them as one
+/// response of 26 MB with their prev_kv (over 12 MiB). The watch is opened again asking etcd
+/// for fragments, and every revision lands, the replica exact. Before, the watch failed at the
+/// same revision at every retry.
+#[tokio::test]
+async fn a_catch_up_over_the_decode_limit_is_read_in_fragments() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/secrets/", 4, 64 << 10).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let mut agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "before the outage").await;
+    agent.kill9().await.unwrap();
+    let value = "z".repeat(64 << 10);
+    for i in 0..200 {
+        src.put(format!("/registry/secrets/{:08}", i % 4), value.as_str(), None).await.unwrap();
+    }
+    agent.restart().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the catch-up").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
+}
+
 /// A lease that came with the snapshot, left to run out on the target while every agent is down
 /// (the source keeps it alive): its keys went at a target revision the source never had, and
 /// the restarted agent stops with `ForeignWrite` instead of writing on.

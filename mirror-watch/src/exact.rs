@@ -12,7 +12,7 @@
 //! delivered whole. A revision number repeated in any other way is refused.
 
 use etcd_client::{Client, Event, EventType, WatchOptions, WatchResponse, WatchResponseStream};
-use mirror_core::{Change, EtcdError, ExactRevision, Side, RESERVED_MARKER};
+use mirror_core::{Change, EtcdError, ExactRevision, Fault, Side, RESERVED_MARKER};
 
 /// What one read of the watch delivered.
 #[derive(Debug)]
@@ -53,6 +53,10 @@ pub enum ExactError {
 
 /// The open watch and the next revision it must deliver.
 pub struct ExactWatch {
+    /// For opening the watch again in etcd's fragments.
+    client: Client,
+    /// Whether etcd was asked for fragments (after a response over the decode limit).
+    fragment: bool,
     stream: WatchResponseStream,
     _sender: etcd_client::WatchRequestSender,
     next: i64,
@@ -63,19 +67,32 @@ pub struct ExactWatch {
 impl ExactWatch {
     /// Watches every key of the source from `start`, with prev_kv and progress notifications.
     pub async fn open(client: &mut Client, start: i64) -> Result<ExactWatch, EtcdError> {
-        let opts = WatchOptions::new()
+        ExactWatch::open_with(client.clone(), start, false).await
+    }
+
+    /// [`ExactWatch::open`], asking etcd for fragments or not. A response over
+    /// [`crate::WATCH_RESPONSE_LIMIT`] (a catch-up after downtime bundles up to 1 000 revisions,
+    /// each with its prev_kv) makes [`ExactWatch::next`] open it again with fragments, as the
+    /// compact engine does ([`crate::open_watch`]).
+    async fn open_with(client: Client, start: i64, fragment: bool) -> Result<ExactWatch, EtcdError> {
+        let mut opts = WatchOptions::new()
             .with_range(vec![0])
             .with_start_revision(start)
             .with_prev_key()
             .with_progress_notify();
+        let mut limit = crate::WATCH_RESPONSE_LIMIT;
+        if fragment {
+            opts = opts.with_fragment();
+            limit = crate::FRAGMENT_RESPONSE_LIMIT;
+        }
         let stream = client
             .watch_client()
-            .max_decoding_message_size(crate::WATCH_RESPONSE_LIMIT)
+            .max_decoding_message_size(limit)
             .watch(vec![0], Some(opts))
             .await
             .map_err(|e| EtcdError::new("open exact watch", Side::Source, e))?;
         let (sender, stream) = stream.split();
-        Ok(ExactWatch { stream, _sender: sender, next: start, held: None })
+        Ok(ExactWatch { client, fragment, stream, _sender: sender, next: start, held: None })
     }
 
     /// The next response, as revisions checked to follow each other.
@@ -84,7 +101,20 @@ impl ExactWatch {
             let resp = match self.stream.message().await {
                 Ok(Some(resp)) => resp,
                 Ok(None) => return Err(ExactError::Ended("closed by the server".into())),
-                Err(e) => return Err(ExactError::Ended(e.to_string())),
+                Err(e) => {
+                    let e = EtcdError::new("exact watch", Side::Source, e);
+                    if e.fault != Fault::ResponseTooLarge || self.fragment {
+                        return Err(ExactError::Ended(e.to_string()));
+                    }
+                    // Nothing of that response was delivered: from the first revision not
+                    // delivered whole, in etcd's fragments from now on.
+                    let from = self.held.take().map_or(self.next, |held| held.revision);
+                    let client = self.client.clone();
+                    *self = ExactWatch::open_with(client, from, true)
+                        .await
+                        .map_err(|e| ExactError::Ended(e.to_string()))?;
+                    continue;
+                }
             };
             match deliver(&resp, &mut self.next, &mut self.held)? {
                 // A fragment whose one revision goes on in the next response.

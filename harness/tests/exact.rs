@@ -77,6 +77,8 @@ fn keep_alive(mut client: Client, id: i64) -> tokio::task::JoinHandle<()> {
 /// etcdctl's watch from several revisions, one taken before the kill, prints the same events.
 #[rstest]
 #[case::v3_5_30(EtcdVersion::V3_5_30)]
+#[case::v3_5_16(EtcdVersion::V3_5_16)]
+#[case::v3_5_1(EtcdVersion::V3_5_1)]
 #[case::v3_4_23(EtcdVersion::V3_4_23)]
 #[tokio::test]
 async fn an_exact_replica_keeps_every_revision(#[case] version: EtcdVersion) {

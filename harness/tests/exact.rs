@@ -11,7 +11,9 @@ use harness::exact::{
     etcdctl_watch, exact_config, keyspace, keyspace_difference, refuses_read_at, seed, SnapshotSave,
 };
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
-use harness::{agent_command, load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion};
+use harness::{
+    agent_command, load_keys, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion, Scraped,
+};
 use mirror_core::{AgentRole, ErrorClass, Phase};
 use rstest::rstest;
 
@@ -581,6 +583,12 @@ async fn a_revision_cut_into_fragments_lands_whole() {
     let ours = etcdctl_watch(t, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
     assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
     assert!(agent.status().await.unwrap().last_error.is_none());
+    // Each Txn this agent landed is observed (send to answer), with its data ops.
+    let scraped = Scraped::get(&agent.url()).await.unwrap();
+    let sample =
+        |name: &str| scraped.sample(name).unwrap_or_else(|| panic!("no {name}:\n{}", scraped.text()));
+    assert_eq!(sample("etcd_mirror_apply_latency_seconds_count"), 2.0, "two revisions landed");
+    assert_eq!(sample("etcd_mirror_batch_size_ops_sum"), 81.0, "80 puts and one");
 }
 
 /// A catch-up over the watch's decode limit: while the agent is down the source rewrites four

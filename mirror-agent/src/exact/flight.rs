@@ -35,15 +35,24 @@ pub(super) fn landed_prefix(verdicts: &[Verdict]) -> usize {
 /// records it carries ride it once).
 pub(super) type Entry = (ExactRevision, Option<RevisionTxn>);
 
+/// A Txn in flight.
+pub(super) struct Sent {
+    pub rev: ExactRevision,
+    pub txn: RevisionTxn,
+    /// Whether its predecessor had landed (its answer judged) when it was sent.
+    pub after_landed: bool,
+    /// When it was sent (the apply latency metric).
+    pub at: tokio::time::Instant,
+}
+
 /// Revisions waiting and Txns in flight.
 pub(super) struct Flight {
     /// Txns in flight at most.
     pub window: usize,
     /// Received, not yet sent, in order.
     pub waiting: VecDeque<Entry>,
-    /// Sent, not yet judged, in order, each with whether its predecessor had landed (its
-    /// answer judged) when it was sent.
-    pub sent: VecDeque<(ExactRevision, RevisionTxn, bool)>,
+    /// Sent, not yet judged, in order.
+    pub sent: VecDeque<Sent>,
     answers: FuturesOrdered<BoxFuture<'static, Result<TxnResponse, EtcdError>>>,
 }
 
@@ -74,7 +83,7 @@ impl Flight {
         after_landed: bool,
         send: BoxFuture<'static, Result<TxnResponse, EtcdError>>,
     ) {
-        self.sent.push_back((rev, txn, after_landed));
+        self.sent.push_back(Sent { rev, txn, after_landed, at: tokio::time::Instant::now() });
         self.answers.push_back(send);
     }
 
@@ -98,8 +107,8 @@ impl Flight {
     /// Puts the sent Txns from `from` on back in front of the waiting ones, in order.
     pub(super) fn resend_from(&mut self, from: usize) {
         while self.sent.len() > from {
-            let (rev, txn, _) = self.sent.pop_back().expect("len checked");
-            self.waiting.push_front((rev, Some(txn)));
+            let sent = self.sent.pop_back().expect("len checked");
+            self.waiting.push_front((sent.rev, Some(sent.txn)));
         }
     }
 
@@ -112,7 +121,7 @@ impl Flight {
         if left.is_empty() {
             return left;
         }
-        let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|(r, _, _)| r));
+        let revs = self.waiting.iter().map(|(r, _)| r).chain(self.sent.iter().map(|s| &s.rev));
         revs.flat_map(|r| r.changes.iter())
             .filter_map(|c| match c {
                 mirror_core::Change::Put { lease, .. } if left.contains(lease) => Some(*lease),

@@ -233,7 +233,7 @@ impl<'c> Tail<'c> {
         reporter: &Reporter,
     ) -> Result<(), Stop> {
         let (first, after_landed) =
-            flight.sent.front().map(|(r, _, after)| (r.revision, *after)).expect("in flight");
+            flight.sent.front().map(|s| (s.rev.revision, s.after_landed)).expect("in flight");
         let (verdict, here, lost) = self.verdict(first, answer)?;
         if verdict == Verdict::Again && !lost && after_landed {
             // Its predecessor had landed before it was sent, yet it found the checkpoint behind
@@ -248,21 +248,25 @@ impl<'c> Tail<'c> {
             ));
         }
         if verdict == Verdict::Landed {
-            let (rev, _, _) = flight.sent.pop_front().expect("checked");
+            let sent = flight.sent.pop_front().expect("checked");
+            let rev = sent.rev;
+            if here {
+                reporter.txn_landed(rev.changes.len(), sent.at.elapsed());
+            }
             self.backoff.reset();
             let needed = flight.still_needed(&rev);
             return self.done(&rev, here, &needed, leases, replicas, reporter).await;
         }
         let (mut verdicts, mut lost) = (vec![verdict], lost);
         for (i, answer) in flight.drain().await.into_iter().enumerate() {
-            let revision = flight.sent[i + 1].0.revision;
+            let revision = flight.sent[i + 1].rev.revision;
             let (verdict, _, lost_too) = self.verdict(revision, answer)?;
             verdicts.push(verdict);
             lost |= lost_too;
         }
         let landed = landed_prefix(&verdicts);
         for _ in 0..landed {
-            let (rev, _, _) = flight.sent.pop_front().expect("counted");
+            let rev = flight.sent.pop_front().expect("counted").rev;
             let needed = flight.still_needed(&rev);
             self.done(&rev, false, &needed, leases, replicas, reporter).await?;
         }

@@ -615,6 +615,11 @@ async fn a_catch_up_over_the_decode_limit_is_read_in_fragments() {
     agent.restart().await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the catch-up").await;
     assert!(agent.status().await.unwrap().last_error.is_none());
+    assert!(
+        agent.log().contains("watching in fragments"),
+        "the response was not over the limit:\n{}",
+        agent.log()
+    );
 }
 
 /// A lease that came with the snapshot, left to run out on the target while every agent is down

@@ -109,6 +109,10 @@ impl ExactWatch {
                     // Nothing of that response was delivered: from the first revision not
                     // delivered whole, in etcd's fragments from now on.
                     let from = self.held.take().map_or(self.next, |held| held.revision);
+                    tracing::warn!(
+                        from,
+                        "an exact watch response was over the decode limit; watching in fragments from now on"
+                    );
                     let client = self.client.clone();
                     *self = ExactWatch::open_with(client, from, true)
                         .await

@@ -622,11 +622,20 @@ async fn a_catch_up_over_the_decode_limit_is_read_in_fragments() {
     );
 }
 
-/// A lease that came with the snapshot, left to run out on the target while every agent is down
-/// (the source keeps it alive): its keys went at a target revision the source never had, and
-/// the restarted agent stops with `ForeignWrite` instead of writing on.
-#[tokio::test]
-async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
+/// An exact link seeded while the source keeps a 3 s lease alive with a key under it (as a
+/// Kubernetes master lease), its agent started and caught up with a first write.
+struct LeasedLink {
+    source: EtcdCluster,
+    target: EtcdCluster,
+    src: Client,
+    dst: Client,
+    cfg: harness::AgentConfig,
+    agent: AgentProcess,
+    /// Keeps the lease alive on the source until aborted.
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+async fn seeded_with_a_short_lease() -> LeasedLink {
     let source = cluster(EtcdVersion::V3_5_30).await;
     let mut target = cluster(EtcdVersion::V3_5_30).await;
     let mut src = source.client().await.unwrap();
@@ -635,10 +644,20 @@ async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
     src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
     seed(&source, &mut target, "seed").await.unwrap();
     let cfg = exact_config(&source, &target, "k8s-dr");
-    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let agent = AgentProcess::start(&cfg).await.unwrap();
     src.put("/registry/pods/first", "1", None).await.unwrap();
     let mut dst = target.client().await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    LeasedLink { source, target, src, dst, cfg, agent, keeper }
+}
+
+/// A lease that came with the snapshot, left to run out on the target while every agent is down
+/// (the source keeps it alive): its keys went at a target revision the source never had, and
+/// the restarted agent stops with `ForeignWrite` instead of writing on.
+#[tokio::test]
+async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
+    let LeasedLink { source: _source, target: _target, src: _, mut dst, cfg: _, mut agent, keeper } =
+        seeded_with_a_short_lease().await;
     agent.kill9().await.unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
@@ -659,18 +678,8 @@ async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
 /// checkpoint and the replica is exact again.
 #[tokio::test]
 async fn a_paused_link_writes_nothing_and_keeps_the_leases_alive() {
-    let source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    let lease = src.lease_grant(3, None).await.unwrap().id();
-    let keeper = keep_alive(src.clone(), lease);
-    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr");
-    let mut agent = AgentProcess::start(&cfg).await.unwrap();
-    let mut dst = target.client().await.unwrap();
-    src.put("/registry/pods/first", "1", None).await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "before the pause").await;
+    let LeasedLink { source: _source, target: _target, mut src, mut dst, cfg, mut agent, keeper } =
+        seeded_with_a_short_lease().await;
     agent.reload(cfg.clone().top("paused = true")).unwrap();
     agent.wait_for("paused", SYNC_TIMEOUT, |s| s.phase == Phase::Paused).await.unwrap();
     let held = current_revision(&mut dst).await.unwrap();

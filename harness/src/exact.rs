@@ -213,6 +213,14 @@ impl SnapshotSave {
         Ok(SnapshotSave { child, _dir: dir, file, r0, printed })
     }
 
+    /// Ctrl-C (SIGINT) at the command, as an operator would stop it before the link runs; its
+    /// exit code.
+    pub async fn interrupt(&mut self, within: Duration) -> anyhow::Result<Option<i32>> {
+        let pid = self.child.id().context("snapshot save already ended")?;
+        crate::process::send(pid, libc::SIGINT);
+        self.wait(within).await
+    }
+
     /// Waits for the command to end by itself (once the link runs); its exit code.
     pub async fn wait(&mut self, within: Duration) -> anyhow::Result<Option<i32>> {
         let status =

@@ -12,6 +12,17 @@ async fn exit_of(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// [`exit_of`] with failpoints armed (`MIRROR_FAILPOINT_<NAME>=value`).
+async fn exit_with(failpoints: &[(&str, &str)], args: &[&str]) -> (i32, String) {
+    let mut command = tokio::process::Command::new(harness::agent_binary());
+    for (name, value) in failpoints {
+        command.env(format!("MIRROR_FAILPOINT_{name}"), value);
+    }
+    let out = command.args(args).output().await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
@@ -112,4 +123,63 @@ async fn commands_exit_1_when_they_say_no_and_3_when_they_cannot_start() {
     assert!(text.contains("PrefixConflict") && text.contains("ended before the drain started"), "{text}");
     let (code, text) = exit_of(&["verify", "--config", &file]).await;
     assert_eq!(code, 0, "the link's own target is untouched and equal: {text}");
+}
+
+/// The two refusals no real cluster provokes on demand, each by its failpoint: `failover` says
+/// no (1) when the checkpoint moves (a running agent applying) under every one of its ten claims, and `cutover` without
+/// `--wait` says no (1) when its detached process has not claimed within the wait (here 2 s
+/// instead of a minute: the process cannot reach the source). Neither promotes anything.
+#[tokio::test]
+async fn failover_and_detached_cutover_exit_1_when_they_cannot_claim() {
+    let source = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let quick = "[sync]\ndial_timeout = \"1s\"\nrequest_timeout = \"2s\"";
+    let cfg = scenario::fast_config(&source, &target, "claims", "/claims/").overlay(quick);
+    let file = write(&dir, "claims.toml", &cfg.render());
+    source.client().await.unwrap().put("/claims/a", "v", None).await.unwrap();
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    scenario::synced(&agent).await.unwrap();
+    agent.terminate().await.unwrap();
+    let key = cfg.parsed().unwrap().checkpoint_key();
+    let checkpoint = || async {
+        let mut kv = target.client().await.unwrap();
+        let got = kv.get(key.clone(), None).await.unwrap();
+        let kv = got.kvs().first().expect("the link's checkpoint").clone();
+        (kv.mod_revision(), String::from_utf8_lossy(kv.value()).into_owned())
+    };
+    let (_, before) = checkpoint().await;
+    assert!(before.contains("\"role\":\"mirror\""), "{before}");
+
+    let (code, text) =
+        exit_with(&[("FAILOVER_MOVE_FENCE", "1")], &["failover", "--config", &file, "--force"]).await;
+    assert_eq!(code, 1, "failover under a moving checkpoint: {text}");
+    assert!(text.contains("kept moving under ten claims"), "{text}");
+    let (_, after) = checkpoint().await;
+    assert!(
+        after.contains("\"role\":\"mirror\"") && after.contains("\"epoch\":1,"),
+        "not promoted, the epoch unchanged (the failpoint only moved the watermark): {after}"
+    );
+
+    // The source nobody serves: the detached process keeps connecting and never claims.
+    let lost = AgentConfig::new("claims", vec!["http://127.0.0.1:9".into()], target.endpoints(), "/claims/")
+        .with(scenario::FAST_SYNC_TOML)
+        .overlay(quick);
+    let lost = write(&dir, "lost.toml", &lost.render());
+    let log = dir.path().join("cutover.log").display().to_string();
+    let (code, text) =
+        exit_with(&[("DETACHED_CLAIM_WAIT", "2s")], &["cutover", "--config", &lost, "--log", &log]).await;
+    assert_eq!(code, 1, "cutover whose process has not claimed: {text}");
+    assert!(text.contains("has not claimed the fence within 2s"), "{text}");
+    let pid: u32 = text
+        .split("`kill ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the message names the process to stop: {text}"));
+    // It keeps trying, as the message says; stopped here, it ends without having claimed.
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "process {pid} still runs");
+    harness::send_signal(pid, libc::SIGTERM);
+    let (_, claimed) = checkpoint().await;
+    assert_eq!(claimed, after, "nothing claimed: {}", std::fs::read_to_string(&log).unwrap_or_default());
 }

@@ -105,7 +105,8 @@ pub async fn start(
     let (timeout, key) = (config.sync.request_timeout.get(), config.checkpoint_key());
     let started = tokio::time::Instant::now();
     let mut target = None;
-    while started.elapsed() < DETACHED_CLAIM_WAIT {
+    let claim_wait = failpoint::detached_claim_wait().unwrap_or(DETACHED_CLAIM_WAIT);
+    while started.elapsed() < claim_wait {
         if let Ok(Some(status)) = child.try_wait() {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
             eprint!("{said}");
@@ -138,11 +139,22 @@ pub async fn start(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!(
-        "mirror-agent cutover: process {pid} has not claimed the fence within {DETACHED_CLAIM_WAIT:?}; it keeps \
+        "mirror-agent cutover: process {pid} has not claimed the fence within {claim_wait:?}; it keeps \
          trying (output in {}); `kill {pid}` stops it",
         log.display()
     );
     ExitCode::from(Exit::No)
+}
+
+/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
+mod failpoint {
+    use std::time::Duration;
+
+    /// `MIRROR_FAILPOINT_DETACHED_CLAIM_WAIT=2s`: how long `cutover` (no `--wait`) waits for its
+    /// process to claim, instead of a minute.
+    pub(super) fn detached_claim_wait() -> Option<Duration> {
+        humantime::parse_duration(&mirror_core::failpoint::armed("DETACHED_CLAIM_WAIT")?).ok()
+    }
 }
 
 /// Runs the cutover (`--wait`).

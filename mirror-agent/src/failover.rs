@@ -147,6 +147,12 @@ async fn promote(config: &Config) -> Result<Promotion, Failure> {
             return Ok(Promotion::Already(stored));
         }
         let next = stored.failed_over(stored.epoch + 1, &me);
+        if failpoint::move_fence_before_claim() {
+            // A running agent applies one more revision between the read and the claim.
+            let moved = Checkpoint { watermark: stored.watermark + 1, ..stored.clone() };
+            let value = moved.encode().map_err(|e| Failure::Error(e.into()))?;
+            target.kv_client().put(key.clone(), value, None).await.map_err(|e| Failure::Error(e.into()))?;
+        }
         match FencedWriter::claim(target.kv_client(), key.clone(), observed, next, timeout).await {
             Ok(writer) => {
                 return Ok(Promotion::Done { record: writer.record().clone(), previous_epoch: stored.epoch })
@@ -166,6 +172,16 @@ async fn promote(config: &Config) -> Result<Promotion, Failure> {
         "the checkpoint kept moving under ten claims in a row: is an agent with a newer epoch writing?"
             .into(),
     ))
+}
+
+/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
+mod failpoint {
+    /// `MIRROR_FAILPOINT_FAILOVER_MOVE_FENCE=1`: before every claim, move the checkpoint's
+    /// watermark on by one, as a running agent racing the failover would (the "kept moving"
+    /// refusal).
+    pub(super) fn move_fence_before_claim() -> bool {
+        mirror_core::failpoint::armed("FAILOVER_MOVE_FENCE").is_some()
+    }
 }
 
 /// The data-loss window and what to do next.

@@ -1,0 +1,202 @@
+//! After a failover or a cutover of an exact link: what a list-then-watch client sees on the
+//! target, at the head and behind what it saw on the source.
+
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, PutOptions};
+use harness::exact::{exact_config, keyspace, seed};
+use harness::scenario::{current_revision, SYNC_TIMEOUT};
+use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdVersion};
+use mirror_core::Phase;
+
+use super::{assert_exact, cluster};
+
+/// A list-then-watch client of the source (an informer): its cache after listing at one
+/// revision and applying every event of its watch up to another.
+struct Informer {
+    cache: std::collections::BTreeMap<Vec<u8>, (Vec<u8>, i64)>,
+    at: i64,
+}
+
+impl Informer {
+    async fn list(client: &mut Client, prefix: &str) -> Informer {
+        let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.unwrap();
+        let at = resp.header().unwrap().revision();
+        let cache = resp
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), (kv.value().to_vec(), kv.mod_revision())))
+            .collect();
+        Informer { cache, at }
+    }
+
+    /// Watches `prefix` from its revision + 1 until it has applied `until`; the watch's error
+    /// when etcd refuses it.
+    async fn follow(&mut self, client: &mut Client, prefix: &str, until: i64) -> Result<(), String> {
+        let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(self.at + 1);
+        let mut stream = client.watch(prefix, Some(opts)).await.map_err(|e| e.to_string())?;
+        let floor = self.at;
+        while self.at < until {
+            let resp = tokio::time::timeout(Duration::from_secs(20), stream.message())
+                .await
+                .map_err(|_| format!("no event up to {until}; at {}", self.at))?
+                .map_err(|e| e.to_string())?
+                .ok_or("the watch ended")?;
+            if resp.compact_revision() > 0 {
+                return Err(format!("compacted at {}", resp.compact_revision()));
+            }
+            for event in resp.events() {
+                let kv = event.kv().unwrap();
+                let rev = kv.mod_revision();
+                assert!(
+                    rev > floor && rev >= self.at,
+                    "a duplicate: event at {rev} after {} (from {floor})",
+                    self.at
+                );
+                match event.event_type() {
+                    etcd_client::EventType::Put => {
+                        self.cache.insert(kv.key().to_vec(), (kv.value().to_vec(), kv.mod_revision()));
+                    }
+                    etcd_client::EventType::Delete => drop(self.cache.remove(kv.key())),
+                }
+                self.at = kv.mod_revision();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Failover with the source lost when the target holds every revision the link saw (R = Rs):
+/// the lease the link granted for `exact_lease_hold` is swapped for one with the source's TTL;
+/// an informer that had followed the source goes on from the target with no gap and no
+/// duplicate (the swap's re-put included), and its cache equals the target's keys; the target
+/// takes writes; an agent of the link restarted afterwards stops with `TargetPromoted`.
+#[tokio::test]
+async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
+    let mut source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 50, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    let mut informer = Informer::list(&mut src, "/registry/").await;
+    let node_lease = src.lease_grant(30, None).await.unwrap().id();
+    src.put("/registry/leases/node-a", "up", Some(PutOptions::new().with_lease(node_lease))).await.unwrap();
+    Churn::new("/registry/pods/", 200, 200, 60).spawn(src.clone()).await.unwrap().unwrap();
+    let head = current_revision(&mut src).await.unwrap();
+    informer.follow(&mut src, "/registry/", head).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "before the source is lost").await;
+
+    source.node(0).kill().await.unwrap();
+    agent.kill9().await.unwrap();
+    let out = agent_command(&cfg, "failover", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("R = Rs = {head}")), "{said}");
+
+    assert!(said.contains("leases          1 swapped for their source TTL (1 keys put again"), "{said}");
+    let swapped = dst.get("/registry/leases/node-a", None).await.unwrap().kvs()[0].lease();
+    assert!(swapped != 0 && swapped != node_lease, "the key is under a new lease");
+    let ttl = dst.lease_time_to_live(swapped, None).await.unwrap().granted_ttl();
+    assert_eq!(ttl, 30, "the new lease has the source's TTL, not exact_lease_hold");
+    for i in 0..3 {
+        dst.put(format!("/registry/pods/after-{i}"), "new", None).await.unwrap();
+    }
+    let end = current_revision(&mut dst).await.unwrap();
+    informer.follow(&mut dst.clone(), "/registry/", end).await.expect("the informer goes on from the target");
+    let (_, keys) = keyspace(&mut dst).await.unwrap();
+    let target_cache: std::collections::BTreeMap<Vec<u8>, (Vec<u8>, i64)> = keys
+        .into_iter()
+        .filter(|k| k.key.starts_with(b"/registry/"))
+        .map(|k| (k.key, (k.value, k.revisions.1)))
+        .collect();
+    assert_eq!(informer.cache, target_cache, "the informer's cache is the target's state");
+
+    agent.restart().await.unwrap();
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert_eq!(failed.last_error.map(|e| e.reason.as_str().to_owned()).as_deref(), Some("TargetPromoted"));
+}
+
+/// Failover when the link had seen source revisions it had not landed (R < Rs: the agent was
+/// catching up through a slow target when the source died): the target is compacted past Rs,
+/// so an informer that saw a revision the target lacks is refused ("compacted") and relists;
+/// the target takes writes.
+#[tokio::test]
+async fn after_failover_behind_what_clients_saw_they_relist() {
+    let mut source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let proxies = target.proxies().await.unwrap();
+    let mut cfg = exact_config(&source, &target, "k8s-dr");
+    cfg.target = proxies.endpoints();
+    let mut agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "before").await;
+
+    // The agent is down while the source takes 100 revisions; it comes back through a slow
+    // target, sees them all (the watch's header) and lands a few before the source dies.
+    agent.kill9().await.unwrap();
+    Churn::new("/registry/pods/", 100, 500, 30).spawn(src.clone()).await.unwrap().unwrap();
+    let seen = Informer::list(&mut src, "/registry/").await;
+    proxies.delay(Duration::from_millis(100));
+    agent.restart().await.unwrap();
+    let start = current_revision(&mut dst).await.unwrap();
+    agent.wait_for("a few landed", SYNC_TIMEOUT, |s| s.watermark > start + 2).await.unwrap();
+    source.node(0).kill().await.unwrap();
+    agent.kill9().await.unwrap();
+    proxies.heal();
+
+    let out = agent_command(&cfg, "failover", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("Rs = {}", seen.at)) && said.contains("compacted at"), "{said}");
+    let mut informer = seen;
+    let refused = informer.follow(&mut dst, "/registry/", informer.at + 1).await;
+    assert!(refused.as_ref().is_err_and(|e| e.starts_with("compacted")), "{refused:?}");
+    dst.put("/registry/pods/after", "new", None).await.expect("the target takes writes");
+
+    // The old source back: failback-plan lists the revisions it took above R.
+    let r: i64 = said.split("R = ").nth(1).and_then(|t| t.split(';').next()).unwrap().parse().unwrap();
+    source.node(0).start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.jsonl");
+    let args = ["--promoted-watermark", &r.to_string(), "--out", plan.to_str().unwrap()];
+    let out = agent_command(&cfg.reversed(), "failback-plan", &args).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = std::fs::read_to_string(&plan).unwrap().lines().count();
+    assert!(lines as i64 > informer.at - r, "{lines} lines for the revisions above {r}");
+}
+
+/// `cutover` of an exact link: once the writes stop, the agents land the source's last
+/// revision, the sides are verified equal there and the target is promoted; the agent stops
+/// with `TargetPromoted`, and a leased key's lease is swapped for the source's TTL.
+#[tokio::test]
+async fn cutover_of_an_exact_link_promotes_a_verified_target() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 30, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let lease = src.lease_grant(40, None).await.unwrap().id();
+    src.put("/registry/leases/node-b", "up", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    Churn::new("/registry/pods/", 150, 300, 40).spawn(src.clone()).await.unwrap().unwrap();
+    let drain = current_revision(&mut src).await.unwrap();
+
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("source revision {drain} verified equal")), "{said}");
+    assert!(said.contains("1 swapped"), "{said}");
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert_eq!(failed.last_error.map(|e| e.reason.as_str().to_owned()).as_deref(), Some("TargetPromoted"));
+    let mut dst = target.client().await.unwrap();
+    let kept = dst.get("/registry/leases/node-b", None).await.unwrap().kvs()[0].lease();
+    assert_eq!(dst.lease_time_to_live(kept, None).await.unwrap().granted_ttl(), 40);
+}

@@ -1,0 +1,178 @@
+//! Txns in flight, revisions cut into fragments or over the decode limit, snapshot leases
+//! running out while every agent is down, and the pause.
+
+use std::time::Duration;
+
+use etcd_client::{Client, PutOptions, Txn, TxnOp};
+use harness::exact::{etcdctl_watch, exact_config, seed};
+use harness::scenario::{current_revision, SYNC_TIMEOUT};
+use harness::{load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion, Scraped};
+use mirror_core::Phase;
+
+use super::{assert_exact, cluster, keep_alive};
+
+/// Several Txns in flight (`exact_txns_in_flight = 4`) under an open-loop burst: etcd runs some
+/// out of order, they fail their fence compare and are sent again in order (counted in
+/// `exact.resent`), and the replica is exact, its history the source's event for event.
+#[tokio::test]
+async fn txns_in_flight_land_in_order_whatever_etcd_runs_first() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    let r0 = seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr").overlay("[sync]\nexact_txns_in_flight = 4");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    Churn::new("/registry/pods/", 3000, 1500, 200).with_leases().spawn(src.clone()).await.unwrap().unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the burst").await;
+    let head = current_revision(&mut src).await.unwrap();
+    let (s, t) = (&source.endpoints()[0], &target.endpoints()[0]);
+    let theirs = etcdctl_watch(s, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    let ours = etcdctl_watch(t, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
+    let resent = agent.status().await.unwrap().exact.map_or(0, |e| e.resent);
+    println!("Txns sent again after a reorder: {resent}");
+}
+
+/// One source revision whose watch response is over 1 MiB (80 values of 12 KiB rewritten in
+/// one Txn: 2 MB with their prev_kv): the agent's client cuts the response into fragments
+/// before decoding it (mirror_core::watch_split), the exact watch joins them, and the revision
+/// lands as one target Txn: the replica is exact, its history the source's event for event.
+#[tokio::test]
+async fn a_revision_cut_into_fragments_lands_whole() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/configmaps/", 80, 12 << 10).await.unwrap();
+    let r0 = seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let value = "w".repeat(12 << 10);
+    let ops: Vec<TxnOp> =
+        (0..80).map(|i| TxnOp::put(format!("/registry/configmaps/{i:08}"), value.as_str(), None)).collect();
+    src.txn(Txn::new().and_then(ops)).await.unwrap();
+    src.put("/registry/pods/after", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the large revision").await;
+    let head = current_revision(&mut src).await.unwrap();
+    assert_eq!(head, r0 + 2, "one revision for the Txn, one for the put");
+    let (s, t) = (&source.endpoints()[0], &target.endpoints()[0]);
+    let theirs = etcdctl_watch(s, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    let ours = etcdctl_watch(t, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
+    assert!(agent.status().await.unwrap().last_error.is_none());
+    // Each Txn this agent landed is observed (send to answer), with its data ops.
+    let scraped = Scraped::get(&agent.url()).await.unwrap();
+    let sample =
+        |name: &str| scraped.sample(name).unwrap_or_else(|| panic!("no {name}:\n{}", scraped.text()));
+    assert_eq!(sample("etcd_mirror_apply_latency_seconds_count"), 2.0, "two revisions landed");
+    assert_eq!(sample("etcd_mirror_batch_size_ops_sum"), 81.0, "80 puts and one");
+}
+
+/// A catch-up over the watch's decode limit: while the agent is down the source rewrites four
+/// values of 64 KiB 200 times, one revision each, so the restarted agent's watch would get them as one
+/// response of 26 MB with their prev_kv (over 12 MiB). The watch is opened again asking etcd
+/// for fragments, and every revision lands, the replica exact. Before, the watch failed at the
+/// same revision at every retry.
+#[tokio::test]
+async fn a_catch_up_over_the_decode_limit_is_read_in_fragments() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/secrets/", 4, 64 << 10).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let mut agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "before the outage").await;
+    agent.kill9().await.unwrap();
+    let value = "z".repeat(64 << 10);
+    for i in 0..200 {
+        src.put(format!("/registry/secrets/{:08}", i % 4), value.as_str(), None).await.unwrap();
+    }
+    agent.restart().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the catch-up").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
+    assert!(
+        agent.log().contains("watching in fragments"),
+        "the response was not over the limit:\n{}",
+        agent.log()
+    );
+}
+
+/// An exact link seeded while the source keeps a 3 s lease alive with a key under it (as a
+/// Kubernetes master lease), its agent started and caught up with a first write.
+struct LeasedLink {
+    source: EtcdCluster,
+    target: EtcdCluster,
+    src: Client,
+    dst: Client,
+    cfg: harness::AgentConfig,
+    agent: AgentProcess,
+    /// Keeps the lease alive on the source until aborted.
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+async fn seeded_with_a_short_lease() -> LeasedLink {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    let lease = src.lease_grant(3, None).await.unwrap().id();
+    let keeper = keep_alive(src.clone(), lease);
+    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    LeasedLink { source, target, src, dst, cfg, agent, keeper }
+}
+
+/// A lease that came with the snapshot, left to run out on the target while every agent is down
+/// (the source keeps it alive): its keys went at a target revision the source never had, and
+/// the restarted agent stops with `ForeignWrite` instead of writing on.
+#[tokio::test]
+async fn a_snapshot_lease_run_out_while_the_agents_were_down_is_detected() {
+    let LeasedLink { source: _source, target: _target, src: _, mut dst, cfg: _, mut agent, keeper } =
+        seeded_with_a_short_lease().await;
+    agent.kill9().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        dst.get("/registry/masterleases/a", None).await.unwrap().count(),
+        0,
+        "the lease ran out on the target"
+    );
+    agent.restart().await.unwrap();
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!(err.reason.as_str(), "ForeignWrite", "{}", err.message);
+    keeper.abort();
+}
+
+/// `paused = true` by SIGHUP: nothing is written while the source takes writes (phase
+/// `paused`, the target revision still), yet the snapshot's 3 s lease is kept alive on the
+/// target meanwhile, so its key is still there after 6 s; `paused = false` resumes from the
+/// checkpoint and the replica is exact again.
+#[tokio::test]
+async fn a_paused_link_writes_nothing_and_keeps_the_leases_alive() {
+    let LeasedLink { source: _source, target: _target, mut src, mut dst, cfg, mut agent, keeper } =
+        seeded_with_a_short_lease().await;
+    agent.reload(cfg.clone().top("paused = true")).unwrap();
+    agent.wait_for("paused", SYNC_TIMEOUT, |s| s.phase == Phase::Paused).await.unwrap();
+    let held = current_revision(&mut dst).await.unwrap();
+    for i in 0..5 {
+        src.put(format!("/registry/pods/p{i}"), "v", None).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(current_revision(&mut dst).await.unwrap(), held, "the target was written while paused");
+    assert_eq!(
+        dst.get("/registry/masterleases/a", None).await.unwrap().count(),
+        1,
+        "the snapshot lease ran out on the target while the link was paused"
+    );
+    agent.reload(cfg.clone()).unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the pause").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
+    keeper.abort();
+}

@@ -55,7 +55,7 @@ impl Run<'_> {
             // This batch ends the initial sync: the record keeps when (status reads it back).
             next.initial_sync_completed = now_rfc3339();
         }
-        if let Some(time) = self.confirmed_by(last, *scan_end) {
+        if let Some(time) = self.confirmer.confirmed_by(last, *scan_end) {
             next = next.confirmed_at(time);
         }
         let (ops, guards) = self.resolve_runs(ops, last).await?;

@@ -1,52 +1,36 @@
 //! The source watch kept read through long passes (issue #20 defect 3): the engine's side of
-//! [`mirror_watch::Forwarder`], which owns the reading and its rules. Here: when a pass runs
-//! with it, and what each way it ends means for the run.
+//! [`mirror_watch::Forwarder`], which owns the reading and its rules. [`Buffering`] is a
+//! component of its own (no `impl Run`): it holds the forwarder of the pass that runs, and says
+//! what each way it ends means for the run.
 
-use mirror_core::{EtcdError, Fault, Side};
+use mirror_core::{EtcdError, Fault, KeyRewriter, Side};
 use mirror_watch::{Buffered, ForwardError, Forwarder, Watch};
 use tracing::warn;
 
-use super::{EngineError, ReconnectCause, Restart, ResyncCause, Run};
+use super::{EngineError, ReconnectCause, Restart};
 
-impl Run<'_> {
-    /// The periodic reconcile pass of the tail with the watch buffered meanwhile; afterwards
-    /// the buffered revisions are applied. A full buffer does not cut the pass short (a paced
-    /// repair may outlast any buffer): the watch is dropped then and re-opened from the
-    /// watermark once the pass ends, as before buffering existed.
-    pub(super) async fn reconcile_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
-        let delete_orphans = self.cfg().reconcile.delete_orphans;
-        let Some(watch) = self.watch.take() else { return self.reconcile_pass(delete_orphans).await };
-        let floor = self.writer().record().watermark;
-        self.start_buffering(watch, floor);
-        let pass = self.reconcile_pass(delete_orphans).await;
-        let buffered = self.stop_buffering().await;
-        pass?;
-        match buffered {
-            Ok((watch, revisions)) => {
-                self.watch = Some(watch);
-                self.apply_revisions(revisions, scan_end).await
-            }
-            Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
-                warn!("the watch buffer filled during the reconcile pass; re-watching from the watermark");
-                Ok(())
-            }
-            Err(EngineError::RestartGenesis(Restart::CompactedDuringScan)) => {
-                Err(EngineError::Resync(ResyncCause::WatchCompacted))
-            }
-            Err(e) => Err(e),
-        }
+/// The watch read into a replay buffer while a long pass (the scan, the sweep, a reconcile
+/// pass) runs, or nothing.
+pub(super) struct Buffering {
+    rewriter: KeyRewriter,
+    forwarder: Option<Forwarder>,
+}
+
+impl Buffering {
+    /// Nothing buffered yet; revisions will be rewritten by `rewriter`.
+    pub(super) fn new(rewriter: KeyRewriter) -> Buffering {
+        Buffering { rewriter, forwarder: None }
     }
 
-    /// Starts reading `watch` into a fresh buffer of `watch_buffer_bytes`; `floor` is the last
-    /// revision already taken (events at or below it are dropped).
-    pub(super) fn start_buffering(&mut self, watch: Watch, floor: i64) {
-        let limit = self.cfg().sync.watch_buffer_bytes.bytes() as usize;
-        self.buffering = Some(Forwarder::start(watch, limit, self.engine.rewriter.clone(), floor));
+    /// Starts reading `watch` into a fresh buffer of `limit` bytes (`watch_buffer_bytes`);
+    /// `floor` is the last revision already taken (events at or below it are dropped).
+    pub(super) fn start(&mut self, watch: Watch, floor: i64, limit: usize) {
+        self.forwarder = Some(Forwarder::start(watch, limit, self.rewriter.clone(), floor));
     }
 
     /// The revisions buffered so far, taken while buffering goes on (empty when it ended).
-    pub(super) async fn take_buffered(&self) -> Buffered {
-        match &self.buffering {
+    pub(super) async fn take(&self) -> Buffered {
+        match &self.forwarder {
             Some(forwarder) => forwarder.take().await,
             None => Buffered::default(),
         }
@@ -54,14 +38,14 @@ impl Run<'_> {
 
     /// Whether buffering stopped by itself (a full buffer, a compacted or broken watch): the
     /// running pass should end now.
-    pub(super) fn buffering_ended(&self) -> bool {
-        self.buffering.as_ref().is_some_and(Forwarder::ended)
+    pub(super) fn ended(&self) -> bool {
+        self.forwarder.as_ref().is_some_and(Forwarder::ended)
     }
 
     /// Stops buffering: the watch back and what it buffered, in revision order, or why it
     /// stopped early (`WatchBufferOverflow`, `CompactedDuringScan`, a watch error).
-    pub(super) async fn stop_buffering(&mut self) -> Result<(Watch, Buffered), EngineError> {
-        let forwarder = self.buffering.take().expect("buffering started");
+    pub(super) async fn stop(&mut self) -> Result<(Watch, Buffered), EngineError> {
+        let forwarder = self.forwarder.take().expect("buffering started");
         forwarder.stop().await.map_err(forward_error)
     }
 }
@@ -95,4 +79,36 @@ pub(super) fn watch_error(e: etcd_client::Error) -> EngineError {
         return EngineError::Reconnect(ReconnectCause::WatchResponseTooLarge);
     }
     e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use mirror_watch::{ForwardError, Overflow};
+
+    use super::{forward_error, watch_error, EngineError, ReconnectCause, Restart};
+
+    /// Only a compaction (or an overflow, the forwarder's own end) restarts genesis; a
+    /// response over the decode limit reconnects asking for fragments; any other read error
+    /// keeps its class.
+    #[test]
+    fn each_early_end_means_what_the_run_does_next() {
+        let restart = |e: ForwardError| match forward_error(e) {
+            EngineError::RestartGenesis(r) => Some(r),
+            _ => None,
+        };
+        assert_eq!(
+            restart(ForwardError::Overflow(Overflow { limit: 1 })),
+            Some(Restart::WatchBufferOverflow)
+        );
+        let compacted = ForwardError::Compacted { at: 9, read_to: 3, head: 12 };
+        assert_eq!(restart(compacted), Some(Restart::CompactedDuringScan));
+        assert_eq!(restart(ForwardError::Ended), Some(Restart::WatchEndedDuringScan));
+        assert_eq!(restart(ForwardError::Panicked), Some(Restart::ForwarderPanicked));
+        let cancelled = forward_error(ForwardError::Cancelled("etcdserver: no leader".into()));
+        assert!(matches!(cancelled, EngineError::Etcd(_)), "{cancelled:?}");
+        let big = watch_error(etcd_client::Error::GRpcStatus(tonic::Status::out_of_range(
+            "decoded message length too large: found 5000000 bytes, the limit is: 4194304 bytes",
+        )));
+        assert!(matches!(big, EngineError::Reconnect(ReconnectCause::WatchResponseTooLarge)), "{big:?}");
+    }
 }

@@ -37,7 +37,8 @@ impl Run<'_> {
         // left the watch unread let etcd compact past it (issue #20 defect 3).
         // The watch opens first: the foreign-link check reads the whole destination range, and
         // a compaction during it used to cancel a watch opened afterwards at R0 + 1.
-        self.start_buffering(watch, r0);
+        let limit = self.cfg().sync.watch_buffer_bytes.bytes() as usize;
+        self.buffering.start(watch, r0, limit);
         let mut pass = Ok(());
         if prune && self.prunes_everything() {
             // Before the first data write, not only before the sweep.
@@ -46,22 +47,22 @@ impl Run<'_> {
         if pass.is_ok() {
             pass = self.scan(r0, cursor, prune).await;
         }
-        if pass.is_ok() && prune && !self.buffering_ended() {
+        if pass.is_ok() && prune && !self.buffering.ended() {
             // Prune owed: sweep target keys whose source no longer has them.
             pass = self.sweep(r0).await;
         }
-        if pass.is_err() || self.buffering_ended() {
+        if pass.is_err() || self.buffering.ended() {
             // A full buffer or a compacted watch before the scan and sweep were done: said
-            // by `stop_buffering` (genesis restarts). A forwarder that ended by itself always
+            // by `Buffering::stop` (genesis restarts). A forwarder that ended by itself always
             // says why; were it ever to end quietly, the watch is gone all the same.
-            let buffered = self.stop_buffering().await;
+            let buffered = self.buffering.stop().await;
             pass?;
             return Err(buffered.err().unwrap_or(EngineError::RestartGenesis(Restart::WatchEndedDuringScan)));
         }
         let scan_end = self.source_revision().await?;
         let mut end = Some(scan_end);
         let replayed = self.replay_buffered(&mut end).await;
-        let buffered = self.stop_buffering().await;
+        let buffered = self.buffering.stop().await;
         let replayed = replayed?;
         let (watch, rest) = match buffered {
             Ok(buffered) => buffered,
@@ -98,7 +99,7 @@ impl Run<'_> {
     async fn replay_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<usize, EngineError> {
         let mut replayed = 0;
         loop {
-            let taken = self.take_buffered().await;
+            let taken = self.buffering.take().await;
             let n = taken.len();
             self.apply_revisions(taken, scan_end).await?;
             replayed += n;
@@ -169,9 +170,9 @@ impl Run<'_> {
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
-            if self.buffering_ended() {
+            if self.buffering.ended() {
                 // It stops early only on overflow or a compacted watch: said by
-                // `stop_buffering`.
+                // `Buffering::stop`.
                 return Ok(());
             }
             self.pace(chunk.ops.len()).await?;

@@ -28,7 +28,10 @@
 //! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
 //! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
 //! - `settle`: completing an initial sync or a drain on an idle source by comparison.
-//! - `confirm`: `confirmed_time`, when the source was last seen at or below the watermark.
+//! - `buffering`: the [`buffering::Buffering`], a component of its own (no `impl Run`): the
+//!   watch read into a replay buffer while a long pass runs.
+//! - `confirm`: the [`confirm::Confirmer`], a component of its own (no `impl Run`):
+//!   `confirmed_time`, when the source was last seen at or below the watermark.
 //! - `leases`: the [`leases::LeaseKeeper`], a component of its own (no `impl Run`): it owns the
 //!   target leases of a run, its two clients and its settings, and from the claim on keeps them
 //!   alive on a task of its own; the engine asks it for each Txn's etcd ops, and it tells the
@@ -394,15 +397,13 @@ struct Run<'e> {
     next_idle_proof: Option<Instant>,
     /// A background probe of every member of both sides (for `MemberUnreachable`).
     member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
-    /// The idle source's confirm read in flight (`confirm`): its revision and when it answered.
-    confirm_read: Option<tokio::task::JoinHandle<Option<(i64, String)>>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
-    buffering: Option<mirror_watch::Forwarder>,
+    buffering: buffering::Buffering,
     /// The count of the range at R0 for `initial_sync.total_keys`, beside the scan (`genesis`).
     counting: Option<genesis::Counting>,
-    /// The newest source header revision the tail's watch answered with, and when it arrived:
-    /// a watermark at or above it was current then (`confirmed_time`).
-    newest_header: Option<(i64, String)>,
+    /// What the source last said about its revision, and the confirm read in flight
+    /// (`confirmed_time`).
+    confirmer: confirm::Confirmer,
 }
 
 impl Run<'_> {

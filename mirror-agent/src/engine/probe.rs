@@ -123,6 +123,7 @@ impl Engine {
         };
         let target_kv = target.kv_client();
         let leases = super::leases::LeaseKeeper::new(sync, source.clone(), target, self.reporter.handle());
+        let buffering = super::buffering::Buffering::new(self.rewriter.clone());
         let mut run = Run {
             engine: self,
             source,
@@ -138,10 +139,9 @@ impl Engine {
             drain_settles: 0,
             next_idle_proof: None,
             member_probe: None,
-            confirm_read: None,
-            buffering: None,
+            buffering,
             counting: None,
-            newest_header: None,
+            confirmer: super::confirm::Confirmer::default(),
         };
         let result = run.start(pending).await;
         let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());

@@ -7,9 +7,39 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::decide::paced_repair_drops_watch;
-use super::{EngineError, Refusal, Run};
+use super::{EngineError, Refusal, Restart, ResyncCause, Run};
 
 impl Run<'_> {
+    /// The periodic reconcile pass of the tail with the watch buffered meanwhile
+    /// ([`super::buffering::Buffering`]); afterwards the buffered revisions are applied. A full
+    /// buffer does not cut the pass short (a paced repair may outlast any buffer): the watch is
+    /// dropped then and re-opened from the watermark once the pass ends, as before buffering
+    /// existed.
+    pub(super) async fn reconcile_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
+        let delete_orphans = self.cfg().reconcile.delete_orphans;
+        let Some(watch) = self.watch.take() else { return self.reconcile_pass(delete_orphans).await };
+        let floor = self.writer().record().watermark;
+        let limit = self.cfg().sync.watch_buffer_bytes.bytes() as usize;
+        self.buffering.start(watch, floor, limit);
+        let pass = self.reconcile_pass(delete_orphans).await;
+        let buffered = self.buffering.stop().await;
+        pass?;
+        match buffered {
+            Ok((watch, revisions)) => {
+                self.watch = Some(watch);
+                self.apply_revisions(revisions, scan_end).await
+            }
+            Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
+                warn!("the watch buffer filled during the reconcile pass; re-watching from the watermark");
+                Ok(())
+            }
+            Err(EngineError::RestartGenesis(Restart::CompactedDuringScan)) => {
+                Err(EngineError::Resync(ResyncCause::WatchCompacted))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
     /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
     /// current state is safe. The orphans come from [`mirror_reconcile::Sweep`] (a keys-only merge-join),
@@ -38,7 +68,7 @@ impl Run<'_> {
         info!("prune sweep started");
         loop {
             self.engine.stop_if_shutting_down()?;
-            if self.buffering_ended() {
+            if self.buffering.ended() {
                 // The watch buffer is full (or the watch ended): genesis restarts; a sweep
                 // that went on would leave the watch unread (see `buffering`).
                 info!(deleted, "prune sweep stopped: the watch buffer ended");

@@ -132,11 +132,11 @@ impl Run<'_> {
                 }
                 _ = progress.tick() => {
                     watch.request_progress().await;
-                    self.start_confirm_read(&scan_end);
+                    self.start_confirm_read(scan_end.is_some());
                     continue;
                 }
-                answer = join_some(&mut self.confirm_read) => {
-                    self.on_confirm_read(answer.ok().flatten(), &scan_end).await?;
+                answer = self.confirmer.answer() => {
+                    self.on_confirm_read(answer, &scan_end).await?;
                     continue;
                 }
                 read = watch.next(&self.engine.rewriter, floor, budget) => read,
@@ -211,7 +211,7 @@ impl Run<'_> {
             match delivery {
                 Delivery::Revisions { revisions: mut more, header } => {
                     self.engine.update(|s| s.source_revision = s.source_revision.max(header));
-                    self.note_header(header);
+                    self.confirmer.heard(header);
                     let floor = revisions.last().map_or(self.writer().record().watermark, |r| r.revision);
                     more.retain(|r| r.revision > floor);
                     revisions.extend(more);
@@ -241,7 +241,7 @@ impl Run<'_> {
     /// or below its revision is still to come (see the module doc).
     async fn on_reply(&mut self, reply: Reply, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
         self.engine.update(|s| s.source_revision = s.source_revision.max(reply.header));
-        self.note_header(reply.header);
+        self.confirmer.heard(reply.header);
         let watermark = self.writer().record().watermark;
         match on_progress_reply(reply, watermark, self.trust, self.next_idle_proof) {
             OnReply::Wait => Ok(()),
@@ -264,13 +264,45 @@ impl Run<'_> {
         }
     }
 
-    /// Remembers the newest header revision the watch answered with, and when (see
-    /// `Run::confirmed_by`). The same revision seen again later moves the time: the source was
-    /// still there then (an idle source's replies keep `confirmed_time` fresh).
-    fn note_header(&mut self, header: i64) {
-        if self.newest_header.as_ref().is_none_or(|(newest, _)| header >= *newest) {
-            self.newest_header = Some((header, now_rfc3339()));
+    /// A reply at or below the watermark confirmed it current: stores when, with a
+    /// checkpoint-only Txn at most once per `progress_interval`
+    /// ([`super::confirm::Confirmer::owed`]).
+    async fn confirm_current(&mut self, scan_end: &Option<i64>) -> Result<(), EngineError> {
+        let interval = self.cfg().sync.progress_interval.get();
+        let record = self.writer.as_ref().expect("fence claimed").record();
+        let Some(time) = self.confirmer.owed(&record.confirmed_time, interval, *scan_end) else {
+            return Ok(());
+        };
+        let next = record.confirmed_at(time);
+        self.commit_with_retry(&[], next).await
+    }
+
+    /// Starts the idle source's confirm read ([`super::confirm::Confirmer::start_read`]), one
+    /// at a time.
+    fn start_confirm_read(&mut self, in_genesis: bool) {
+        let sync = &self.cfg().sync;
+        let timeout = sync.request_timeout.get().min(sync.progress_interval.get());
+        let watermark = self.writer().record().watermark;
+        let key = self.engine.rewriter.source_prefix().to_vec();
+        self.confirmer.start_read(watermark, in_genesis, self.source.kv_client(), key, timeout);
+    }
+
+    /// The confirm read's answer: the source's revision for status, and at or below the
+    /// watermark a confirmation stored as for a reply.
+    async fn on_confirm_read(
+        &mut self,
+        answer: Option<(i64, String)>,
+        scan_end: &Option<i64>,
+    ) -> Result<(), EngineError> {
+        let watermark = self.writer().record().watermark;
+        let (seen, confirmed) = self.confirmer.on_answer(answer, watermark);
+        if let Some(header) = seen {
+            self.engine.update(|s| s.source_revision = s.source_revision.max(header));
         }
+        if confirmed {
+            self.confirm_current(scan_end).await?;
+        }
+        Ok(())
     }
 
     /// The idle proof (engine module doc): the range is the same at `to` as at the watermark,

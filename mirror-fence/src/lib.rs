@@ -18,6 +18,11 @@
 //!   ([`nest`]), so any revision whose bytes fit the target's request limit lands atomically,
 //!   with its checkpoint, in one target revision (G2).
 //!
+//! - [`Applier`] owns a compact-mode run's writer and lands its writes: retries by error class
+//!   with the throttle curve carried over, the pace of `max_ops_per_second`, nesting deeper and
+//!   splitting independent ops the target finds too large. It reports through [`Owner`] and
+//!   keeps no status of its own.
+//!
 //! - [`FenceObserver`] sequences reads of the checkpoint so a stale answer never takes the
 //!   view backwards, and shares the first read among concurrent callers.
 //!
@@ -31,6 +36,7 @@
 //! It does not decide what to do about a lost fence (standby, fail): it names the outcome with
 //! [`FenceError`] and the agent acts on it. It never retries a failed compare blindly.
 
+mod applier;
 mod checkpoint;
 mod commit_id;
 pub mod election;
@@ -42,6 +48,7 @@ mod observer;
 mod transitions;
 mod writer;
 
+pub use applier::{on_write_error, Applier, OnWriteError, Owner, Stop, WriteTrouble};
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use error::FenceError;
 pub use exact::{Answer, ExactFence, Guard, Landing, RevisionTxn, Stamp};

@@ -202,8 +202,13 @@ impl FencedWriter {
 
     /// Lays out Txns for a target whose `--max-txn-ops` is `max_txn_ops` (default 128).
     pub fn with_max_txn_ops(mut self, max_txn_ops: usize) -> FencedWriter {
-        self.max_txn_ops = crate::nest::ops_per_level(max_txn_ops as i64);
+        self.set_max_txn_ops(max_txn_ops);
         self
+    }
+
+    /// From now on, lays out Txns for `max_txn_ops` ops per level (a target that refused more).
+    pub fn set_max_txn_ops(&mut self, max_txn_ops: usize) {
+        self.max_txn_ops = crate::nest::ops_per_level(max_txn_ops as i64);
     }
 
     /// The watermark of the record this writer holds, from now on as each commit moves it.

@@ -60,9 +60,10 @@ impl Run<'_> {
         }
         let (ops, guards) = self.resolve_runs(ops, last).await?;
         let mut n = ops.len() as u64;
-        match self.commit_guarded_with_retry(&ops, next.clone(), guards.clone()).await {
+        let (applier, mut hooks) = self.applier();
+        match applier.try_commit(&ops, next.clone(), guards.clone(), &mut hooks).await? {
             Ok(()) => {}
-            Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => {
+            Err(e) => {
                 if batch.revisions.len() > 1 {
                     warn!(
                         revisions = batch.revisions.len(),
@@ -74,11 +75,11 @@ impl Run<'_> {
                     }
                     return Ok(());
                 }
-                let per_level = self.writer().max_txn_ops();
-                if e.fault == Fault::TooManyOps && per_level > 2 {
+                let (applier, _) = self.applier();
+                if applier.may_nest_deeper(&e) {
                     // The target allows fewer ops per level than configured: lay the Txn out
                     // deeper rather than give up a revision that fits its byte limit.
-                    self.nest_deeper(per_level);
+                    applier.nest_deeper();
                     return Box::pin(self.apply(batch, scan_end)).await;
                 }
                 let mut landed = match e.fault {
@@ -88,7 +89,9 @@ impl Run<'_> {
                     _ => None,
                 };
                 if landed.is_none() && e.fault == Fault::RequestTooLarge {
-                    landed = self.commit_data_then_checkpoint(&ops, next, guards).await?.then_some(ops.len());
+                    let (applier, mut hooks) = self.applier();
+                    let alone = applier.commit_data_then_checkpoint(&ops, next, guards, &mut hooks).await?;
+                    landed = alone.then_some(ops.len());
                 }
                 let Some(landed) = landed else {
                     let biggest = ops.iter().max_by_key(|op| op.size());
@@ -110,7 +113,6 @@ impl Run<'_> {
                 };
                 n = landed as u64;
             }
-            Err(e) => return Err(e),
         }
         self.engine.reporter.revisions_landed(batch.revisions.len());
         self.engine.note_applied(scan_end.is_some(), last, n);
@@ -203,99 +205,6 @@ impl Run<'_> {
         Ok((out, guards))
     }
 
-    /// The last resort for ops that fit the target's request limit only without the checkpoint
-    /// put beside them (a value the source accepted under the same `--max-request-bytes`): one
-    /// fenced data-only Txn with all of them, then a checkpoint-only Txn moving the record to
-    /// `next`. Nothing is partial: the ops land together, and a crash between the two re-applies
-    /// them (puts and deletes are idempotent) from the old watermark. Until the second Txn the
-    /// target is a step ahead of its watermark, never behind it. False when even the ops alone
-    /// are too large.
-    async fn commit_data_then_checkpoint(
-        &mut self,
-        ops: &[Op],
-        next: Checkpoint,
-        guards: Vec<etcd_client::Compare>,
-    ) -> Result<bool, EngineError> {
-        let txn_ops = self.leases.txn_ops(ops).await?;
-        match self.writer().commit_guarded(txn_ops, None, guards).await {
-            Ok(_) => {}
-            Err(FenceError::Etcd(e)) if e.fault.is_txn_too_big() => return Ok(false),
-            Err(FenceError::Etcd(e)) => {
-                // Not settled: a transient error; the caller's retry starts over from the
-                // watermark, and the ops are idempotent.
-                return Err(e.into());
-            }
-            Err(f) => return Err(f.into()),
-        }
-        warn!(
-            ops = ops.len(),
-            bytes = ops.iter().map(Op::size).sum::<usize>(),
-            "ops fit the target's request limit only without the checkpoint: written alone, the checkpoint follows"
-        );
-        self.commit_with_retry(&[], next).await?;
-        Ok(true)
-    }
-
-    /// Commits independent ops under the checkpoint as it stands (a scan chunk redone, a
-    /// repair, the first half of a split): [`Run::commit_independent`] without a transition.
-    pub(super) async fn commit_keep(&mut self, ops: &[Op]) -> Result<(), EngineError> {
-        let same = self.writer().record().clone();
-        self.commit_independent(ops, same).await
-    }
-
-    /// Commits independent ops (scan puts, repairs, prune deletes: any subset may land before the
-    /// rest) with the checkpoint `next`, whatever the target's limits: the one write path of
-    /// every pass that is not the tail (issue #20 defect 5: the scan, sweep, settle and
-    /// reconcile paths never split a Txn, and a value near the request limit failed the scan
-    /// with a permanent error naming nothing). Too many ops per level: nest deeper. Too large:
-    /// halves, the first under the record as it stands, the second with `next`, down to a single
-    /// op; a single op that fits only without the checkpoint put is written alone
-    /// ([`Run::commit_data_then_checkpoint`]); one that does not fit at all is
-    /// [`Refusal::ValueTooLarge`], naming the key (redacted) and its size.
-    pub(super) async fn commit_independent(
-        &mut self,
-        ops: &[Op],
-        next: Checkpoint,
-    ) -> Result<(), EngineError> {
-        let e = match self.commit_with_retry(ops, next.clone()).await {
-            Err(EngineError::Etcd(e)) if e.fault.is_txn_too_big() => e,
-            other => return other,
-        };
-        let per_level = self.writer().max_txn_ops();
-        if e.fault == Fault::TooManyOps && per_level > 2 {
-            self.nest_deeper(per_level);
-            return Box::pin(self.commit_independent(ops, next)).await;
-        }
-        if ops.len() > 1 {
-            let (first, second) = ops.split_at(ops.len() / 2);
-            Box::pin(self.commit_keep(first)).await?;
-            return Box::pin(self.commit_independent(second, next)).await;
-        }
-        if e.fault == Fault::RequestTooLarge
-            && self.commit_data_then_checkpoint(ops, next, Vec::new()).await?
-        {
-            return Ok(());
-        }
-        let op = ops.first();
-        Err(Refusal::ValueTooLarge {
-            key: op.map(|op| self.engine.rewriter.redact(op.key())).unwrap_or_default(),
-            bytes: op.map_or(0, Op::size),
-            fault: e.said(),
-        }
-        .into())
-    }
-
-    /// The target refused a Txn for too many ops per level: lay Txns out with half as many.
-    fn nest_deeper(&mut self, per_level: usize) {
-        warn!(
-            configured = per_level,
-            now = per_level / 2,
-            "target refused a Txn for too many ops per level; sync.max_txn_ops is above the target's --max-txn-ops"
-        );
-        let writer = self.writer.take().expect("fence claimed").with_max_txn_ops(per_level / 2);
-        self.writer = Some(writer);
-    }
-
     /// Commits a revision too large for one request with its runs of deletes coalesced into
     /// range deletes ([`Run::coalesce_deletes`]); the ops landed, or `None` when nothing could
     /// be coalesced or the result is still too large. Each range delete is guarded by "no key
@@ -319,7 +228,8 @@ impl Run<'_> {
                 "revision over the target's request limit: runs of deletes coalesced into range deletes"
             );
             let all = guards.iter().cloned().chain([guard]).collect();
-            match self.commit_guarded_with_retry(&coalesced, next.clone(), all).await {
+            let (applier, mut hooks) = self.applier();
+            match applier.commit_guarded(&coalesced, next.clone(), all, &mut hooks).await {
                 Ok(()) => return Ok(Some(coalesced.len())),
                 Err(EngineError::Fence(FenceError::GuardFailed)) => {
                     warn!(

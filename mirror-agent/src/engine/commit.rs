@@ -1,112 +1,83 @@
-//! Committing under the fence with retries: transient errors, throttling and a full target are
-//! waited out here (with the conditions they raise), paced by `sync.max_ops_per_second`.
+//! The run's side of the fenced applier ([`mirror_fence::Applier`], which lands every write and
+//! retries it by error class): [`Hooks`] hands it each Txn's lease ops and the TLS files' state,
+//! and turns what it reports into status (conditions, `last_error`, the phase, the metrics)
+//! and into the run's own moves (dropping the watch under sustained backoff, a reconcile pass
+//! owed when a target lease ran out).
 
 use std::time::Duration;
 
-use mirror_core::{ConditionType, ErrorClass, EtcdError, Fault, LastError, Phase, Reason, RetryPolicy};
-use mirror_fence::{Checkpoint, FenceError};
-use mirror_watch::Op;
-use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use mirror_core::{ConditionType, ErrorClass, EtcdError, LastError, Phase, Reason};
+use mirror_fence::{Checkpoint, OnWriteError, Owner, Stop, WriteTrouble};
+use mirror_watch::{Op, Watch};
+use tracing::{error, info, warn};
 
-use super::decide::{on_write_error, OnWriteError, WriteTrouble};
-use super::{tls_fingerprint, Engine, EngineError, Progress, ReconnectCause, Run};
+use super::leases::LeaseKeeper;
+use super::{tls_fingerprint, Engine, EngineError, Progress, ReconnectCause, Refusal};
 
-impl Run<'_> {
-    /// Holds target writes to `sync.max_ops_per_second` (read on every call, so a reload applies
-    /// at once): after `ops` ops, wait `ops / rate` seconds.
-    pub(super) async fn pace(&self, ops: usize) -> Result<(), EngineError> {
-        let rate = self.cfg().sync.max_ops_per_second;
-        if rate > 0 && ops > 0 {
-            // A slow rate makes long pauses; SIGTERM must not wait them out.
-            tokio::select! {
-                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
-                _ = tokio::time::sleep(Duration::from_secs_f64(ops as f64 / rate as f64)) => {}
-            }
+/// What the applier reaches of a run: the engine (status, config), its lease keeper, its
+/// watch and the TLS files it connected with.
+pub(super) struct Hooks<'r> {
+    pub engine: &'r mut Engine,
+    pub leases: &'r LeaseKeeper,
+    pub watch: &'r mut Option<Watch>,
+    pub tls_files: &'r Option<Vec<[u8; 32]>>,
+}
+
+impl Owner for Hooks<'_> {
+    type Error = EngineError;
+
+    async fn txn_ops(&mut self, ops: &[Op]) -> Result<Vec<etcd_client::TxnOp>, EngineError> {
+        self.leases.txn_ops(ops).await
+    }
+
+    async fn lease_not_found(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+        if self.engine.cfg.sync.leases == mirror_core::LeaseMode::Preserve {
+            self.engine.repair_owed |= self.leases.lapsed(ops).await?;
         }
         Ok(())
     }
 
-    /// One fenced Txn, retried through transient errors, throttling and a full target.
-    pub(super) async fn commit_with_retry(
-        &mut self,
-        ops: &[Op],
-        next: Checkpoint,
-    ) -> Result<(), EngineError> {
-        self.commit_guarded_with_retry(ops, next, Vec::new()).await
+    fn tls_changed(&self) -> bool {
+        tls_fingerprint(&self.engine.cfg) != *self.tls_files
     }
 
-    /// [`Run::commit_with_retry`] that also requires `guards` (a failed guard is returned at
-    /// once as [`FenceError::GuardFailed`], never retried with the same ops).
-    pub(super) async fn commit_guarded_with_retry(
-        &mut self,
-        ops: &[Op],
-        next: Checkpoint,
-        guards: Vec<etcd_client::Compare>,
-    ) -> Result<(), EngineError> {
-        let cfg = self.engine.cfg.sync.clone();
-        // The throttle curve goes on from the last write: one Txn that got through a throttling
-        // target does not send the next in after the shortest wait.
-        let mut policy = RetryPolicy::new(&cfg).with_throttle_state(self.engine.throttle);
-        loop {
-            let txn_ops = self.leases.txn_ops(ops).await?;
-            let started = Instant::now();
-            let result = self.writer().commit_guarded(txn_ops, Some(next.clone()), guards.clone()).await;
-            let err = match result {
-                Ok(_) => {
-                    self.engine.reporter.txn_landed(ops.len(), started.elapsed());
-                    // Status follows the fence: what the target holds is what status shows.
-                    self.engine.update(|s| {
-                        // A write landed: whatever failed before (this write's earlier tries
-                        // included) is no longer the last error.
-                        s.last_error = None;
-                        s.watermark = next.watermark;
-                        if !next.confirmed_time.is_empty() {
-                            s.confirmed_time = Some(next.confirmed_time.clone());
-                        }
-                    });
-                    self.engine.made_progress(Progress::Healthy);
-                    self.pace(ops.len()).await?;
-                    if policy.rounds() > 0 {
-                        self.engine.note_write_recovered(next.scanning);
-                    }
-                    return Ok(());
-                }
-                Err(FenceError::Etcd(e)) => e,
-                Err(f) => return Err(f.into()),
-            };
-            if err.fault == Fault::LeaseNotFound && self.cfg().sync.leases == mirror_core::LeaseMode::Preserve
-            {
-                self.engine.repair_owed |= self.leases.lapsed(ops).await?;
+    fn redact(&self, key: &[u8]) -> String {
+        self.engine.rewriter.redact(key)
+    }
+
+    fn landed(&mut self, ops: usize, took: Duration, record: &Checkpoint, recovered: bool) {
+        self.engine.reporter.txn_landed(ops, took);
+        // Status follows the fence: what the target holds is what status shows.
+        self.engine.update(|s| {
+            // A write landed: whatever failed before (this write's earlier tries included) is
+            // no longer the last error.
+            s.last_error = None;
+            s.watermark = record.watermark;
+            if !record.confirmed_time.is_empty() {
+                s.confirmed_time = Some(record.confirmed_time.clone());
             }
-            let class = err.class();
-            let tls_changed =
-                err.fault == Fault::TlsRejected || tls_fingerprint(self.cfg()) != self.tls_files;
-            let decided = on_write_error(class, tls_changed, &mut policy);
-            self.engine.throttle = policy.throttle_state();
-            let (delay, drop_watch, degrade, raise) = match decided {
-                OnWriteError::Reconnect => {
-                    return Err(EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged))
-                }
-                OnWriteError::GiveUp => return Err(err.into()),
-                OnWriteError::Retry { after, drop_watch, degrade, raise } => {
-                    (after, drop_watch, degrade, raise)
-                }
-            };
-            debug!(
-                watermark = next.watermark,
-                ops = ops.len(),
-                rounds = policy.rounds(),
-                "fenced Txn failed, retrying in {delay:?}: {err}"
-            );
-            if drop_watch && self.watch.take().is_some() {
-                warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
-            }
-            self.engine.note_write_failed(&err, class, delay, degrade, raise);
-            tokio::select! {
-                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
-                _ = tokio::time::sleep(delay) => {}
-            }
+        });
+        self.engine.made_progress(Progress::Healthy);
+        if recovered {
+            self.engine.note_write_recovered(record.scanning);
+        }
+    }
+
+    fn retrying(&mut self, err: &EtcdError, class: ErrorClass, retry: &OnWriteError) {
+        let OnWriteError::Retry { after, drop_watch, degrade, raise } = *retry else { return };
+        if drop_watch && self.watch.take().is_some() {
+            warn!("sustained target backoff: source watch cancelled; will re-watch from the watermark");
+        }
+        self.engine.note_write_failed(err, class, after, degrade, raise);
+    }
+}
+
+impl From<Stop> for EngineError {
+    fn from(stop: Stop) -> EngineError {
+        match stop {
+            Stop::Shutdown => EngineError::Shutdown,
+            Stop::TlsChanged => EngineError::Reconnect(ReconnectCause::TlsRejectedOrFilesChanged),
+            Stop::ValueTooLarge { key, bytes, fault } => Refusal::ValueTooLarge { key, bytes, fault }.into(),
         }
     }
 }
@@ -169,7 +140,8 @@ mod tests {
     };
     use tokio_util::sync::CancellationToken;
 
-    use super::super::decide::{on_write_error, OnWriteError};
+    use mirror_fence::{on_write_error, OnWriteError};
+
     use super::Engine;
 
     /// Issue #26 item 10: a target answering "too many requests" raises `TargetThrottled` with

@@ -1,20 +1,18 @@
 //! The engine's decisions, apart from the I/O that carries them out, each a pure function so
 //! every case is a row of a table test:
 //! - [`on_run_error`]: what the run loop does once a run of the link ended in an error.
-//! - [`on_write_error`]: what a fenced write does after the target refused it (retry after a
-//!   wait, raise a condition, degrade, drop the watch, reconnect, give up).
 //! - [`on_progress_reply`]: what a watch response without events proves (see the engine doc,
 //!   "Why genesis and drain completion do not rest on an untrusted progress reply").
 //! - [`ReconcileClock`]: when the periodic reconcile pass is due.
 //! - [`paced_repair_drops_watch`]: when a paced repair has run long enough to cancel the watch.
 //!
-//! How long to wait is the retry policy's ([`mirror_core::RetryPolicy`]), which has its own
-//! tests; the tests here run on paused time where the clock matters (the idle proof's spacing,
-//! how long a failing target takes to show as unreachable).
+//! What a fenced write does after the target refused it is the applier's
+//! (`mirror_fence::on_write_error`). How long to wait is the retry policy's ([`mirror_core::RetryPolicy`]), which has its own
+//! tests; the tests here run on paused time where the clock matters (the idle proof's spacing).
 
 use std::time::Duration;
 
-use mirror_core::{Action, ConditionType, ErrorClass, Reason, RetryPolicy};
+use mirror_core::{ConditionType, ErrorClass, Reason};
 use mirror_fence::FenceError;
 use tokio::time::Instant;
 
@@ -64,64 +62,6 @@ pub(super) fn on_run_error(err: &EngineError) -> Decision {
             Decision::Fail { condition }
         }
         _ => Decision::Retry,
-    }
-}
-
-/// The next step after a fenced write failed with an error of some class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum OnWriteError {
-    /// Reconnect now: retrying on this client cannot pick up new TLS files. Nothing past the
-    /// watermark landed, so the batch is not lost.
-    Reconnect,
-    /// Not an error a retry can mend: the run ends with it.
-    GiveUp,
-    /// Wait `after`, then write again.
-    Retry {
-        after: Duration,
-        /// Sustained backoff: cancel the source watch, so the source's events wait in the
-        /// source rather than in this process (re-watched from the watermark).
-        drop_watch: bool,
-        /// Phase `degraded`.
-        degrade: bool,
-        /// A condition to raise now.
-        raise: Option<WriteTrouble>,
-    },
-}
-
-/// A condition a failing write raises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum WriteTrouble {
-    /// `TargetQuotaExhausted=True` (NoSpace).
-    QuotaExhausted,
-    /// `TargetThrottled=True` (TooManyRequests).
-    Throttled,
-    /// `TargetReachable=False`, with the fault as reason.
-    Unreachable,
-}
-
-/// Rounds of one write's retries after which the target counts as unreachable, and the watch
-/// is dropped.
-const SUSTAINED_ROUNDS: u32 = 3;
-
-/// The decision after a fenced write failed with an error of `class`; `tls_changed`: the
-/// error is a TLS rejection or the side's TLS files changed since connect. Advances `policy`.
-pub(super) fn on_write_error(class: ErrorClass, tls_changed: bool, policy: &mut RetryPolicy) -> OnWriteError {
-    if class == ErrorClass::Transient && tls_changed {
-        return OnWriteError::Reconnect;
-    }
-    let Action::RetryAfter(after) = policy.on_error(class) else { return OnWriteError::GiveUp };
-    let rounds = policy.rounds();
-    let raise = match class {
-        ErrorClass::Quota if rounds == 1 => Some(WriteTrouble::QuotaExhausted),
-        ErrorClass::Throttle => Some(WriteTrouble::Throttled),
-        ErrorClass::Transient if rounds == SUSTAINED_ROUNDS => Some(WriteTrouble::Unreachable),
-        _ => None,
-    };
-    OnWriteError::Retry {
-        after,
-        drop_watch: rounds == SUSTAINED_ROUNDS,
-        degrade: matches!(raise, Some(WriteTrouble::QuotaExhausted | WriteTrouble::Unreachable)),
-        raise,
     }
 }
 
@@ -225,14 +165,14 @@ impl ReconcileClock {
 mod tests {
     use std::time::Duration;
 
-    use mirror_core::{ConditionType, ErrorClass, EtcdError, Reason, RetryPolicy, Side};
+    use mirror_core::{ConditionType, EtcdError, Reason, Side};
     use mirror_fence::FenceError;
     use tokio::time::Instant;
 
     use super::super::{EngineError, ReconnectCause, Refusal, Restart, ResyncCause};
     use super::{
-        idle_proof_spacing, on_progress_reply, on_run_error, on_write_error, paced_repair_drops_watch,
-        Decision, OnReply, OnWriteError, ReconcileClock, Reply, WriteTrouble,
+        idle_proof_spacing, on_progress_reply, on_run_error, paced_repair_drops_watch, Decision, OnReply,
+        ReconcileClock, Reply,
     };
 
     fn etcd(code: tonic::Code, message: &str) -> EngineError {
@@ -295,54 +235,6 @@ mod tests {
         for (err, want) in cases {
             assert_eq!(on_run_error(&err), want, "{err}");
         }
-    }
-
-    /// Each class of write error, round by round, run on paused time so the table states how
-    /// long after the first failure the operator sees each condition (default backoff: 1 s
-    /// doubling to 30 s; throttling from 2 s, threefold; a full target every 30 s).
-    #[tokio::test(start_paused = true)]
-    async fn every_write_error_class_round_by_round() {
-        use ErrorClass::*;
-        use WriteTrouble::*;
-        let s = Duration::from_secs;
-        // (class, tls changed, decision, seconds waited before this error's decision)
-        let rounds: Vec<(ErrorClass, bool, OnWriteError, u64)> = vec![
-            (Transient, false, retry(s(1), false, false, None), 0),
-            (Transient, false, retry(s(2), false, false, None), 1),
-            (Transient, false, retry(s(4), true, true, Some(Unreachable)), 3),
-            (Transient, false, retry(s(8), false, false, None), 7),
-            (Throttle, false, retry(s(2), false, false, Some(Throttled)), 0),
-            (Throttle, false, retry(s(6), false, false, Some(Throttled)), 2),
-            (Throttle, false, retry(s(18), true, false, Some(Throttled)), 8),
-            (Quota, false, retry(s(30), false, true, Some(QuotaExhausted)), 0),
-            (Quota, false, retry(s(30), false, false, None), 30),
-            (Quota, false, retry(s(30), true, false, None), 60),
-            (Transient, true, OnWriteError::Reconnect, 0),
-            (Throttle, true, retry(s(2), false, false, Some(Throttled)), 0),
-            (Permanent, false, OnWriteError::GiveUp, 0),
-            (Resync, false, OnWriteError::GiveUp, 0),
-        ];
-        let mut policy = None;
-        let mut last_class = None;
-        let mut started = Instant::now();
-        for (class, tls_changed, want, waited) in rounds {
-            if last_class != Some(class) || tls_changed {
-                // A new write: fresh policy, fresh clock.
-                policy = Some(RetryPolicy::new(&mirror_core::SyncSection::default()));
-                started = Instant::now();
-            }
-            last_class = Some(class);
-            assert_eq!(started.elapsed(), s(waited), "{class:?}: time before this round");
-            let got = on_write_error(class, tls_changed, policy.as_mut().expect("set above"));
-            assert_eq!(got, want, "{class:?} after {waited} s (tls changed: {tls_changed})");
-            if let OnWriteError::Retry { after, .. } = got {
-                tokio::time::sleep(after).await;
-            }
-        }
-    }
-
-    fn retry(after: Duration, drop_watch: bool, degrade: bool, raise: Option<WriteTrouble>) -> OnWriteError {
-        OnWriteError::Retry { after, drop_watch, degrade, raise }
     }
 
     /// Every reply without events, trusted or not, below, at and above the watermark, with the

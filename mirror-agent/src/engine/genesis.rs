@@ -159,7 +159,7 @@ impl Run<'_> {
                 // stop the scan, which resumes after its cursor.
                 _ = super::tail::reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
-                    self.leases.configure(&self.engine.cfg.sync);
+                    self.reconfigure();
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
@@ -175,7 +175,7 @@ impl Run<'_> {
                 // `Buffering::stop`.
                 return Ok(());
             }
-            self.pace(chunk.ops.len()).await?;
+            self.applier.as_ref().expect("fence claimed").pace(chunk.ops.len()).await?;
             if let Some(chunk) = span.push(chunk) {
                 let (txn, data) = (self.leases.txn_ops(&chunk.ops).await?, data.clone());
                 writes.in_flight.push(Box::pin(async move {

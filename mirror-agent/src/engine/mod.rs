@@ -91,8 +91,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, KvClient};
 use mirror_core::{AgentRole, Config, ErrorClass, EtcdError, KeyRewriter, Phase, Probe, Reason, Status};
-use mirror_fence::{Checkpoint, FenceError, FencedWriter, Role};
-use mirror_watch::{OpChunker, Watch};
+use mirror_fence::{Applier, Checkpoint, FenceError, FencedWriter, Role};
+use mirror_watch::{Op, OpChunker, Watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -381,7 +381,8 @@ struct Run<'e> {
     source_cluster: u64,
     target_cluster: u64,
     trust: bool,
-    writer: Option<FencedWriter>,
+    /// The fenced applier, once the fence is claimed: the writer and how writes land.
+    applier: Option<Applier>,
     /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
     /// source's events wait in the source, not in this process.
     watch: Option<Watch>,
@@ -475,13 +476,49 @@ impl Run<'_> {
     /// The per-level op limit of this run: `sync.max_txn_ops` as the writer was built with it
     /// (a reload applies at the next run), halved where the target refused it.
     fn txn_ops_per_level(&self) -> usize {
-        self.writer
+        self.applier
             .as_ref()
-            .map_or(mirror_fence::ops_per_level(self.cfg().sync.max_txn_ops), FencedWriter::max_txn_ops)
+            .map_or(mirror_fence::ops_per_level(self.cfg().sync.max_txn_ops), Applier::max_txn_ops)
     }
 
     fn writer(&mut self) -> &mut FencedWriter {
-        self.writer.as_mut().expect("fence claimed before any write")
+        self.applier.as_mut().expect("fence claimed before any write").writer_mut()
+    }
+
+    /// Hands a reloaded config's live fields to the components that use them (the lease
+    /// keeper's TTLs, the applier's pace and backoff).
+    fn reconfigure(&mut self) {
+        let sync = &self.engine.cfg.sync;
+        self.leases.configure(sync);
+        if let Some(applier) = self.applier.as_mut() {
+            applier.reload(sync);
+        }
+    }
+
+    /// The fenced applier and what it reaches of this run ([`commit::Hooks`]).
+    fn applier(&mut self) -> (&mut Applier, commit::Hooks<'_>) {
+        let Run { engine, applier, leases, watch, tls_files, .. } = self;
+        let hooks = commit::Hooks { engine, leases, watch, tls_files };
+        (applier.as_mut().expect("fence claimed before any write"), hooks)
+    }
+
+    /// One fenced Txn of `ops` moving the record to `next` ([`Applier::commit`]).
+    async fn commit_with_retry(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
+        let (applier, mut hooks) = self.applier();
+        applier.commit(ops, next, &mut hooks).await
+    }
+
+    /// Independent ops under the checkpoint as it stands ([`Applier::commit_keep`]).
+    async fn commit_keep(&mut self, ops: &[Op]) -> Result<(), EngineError> {
+        let (applier, mut hooks) = self.applier();
+        applier.commit_keep(ops, &mut hooks).await
+    }
+
+    /// Independent ops with the checkpoint `next`, split as the target's limits require
+    /// ([`Applier::commit_independent`]).
+    async fn commit_independent(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
+        let (applier, mut hooks) = self.applier();
+        applier.commit_independent(ops, next, &mut hooks).await
     }
 }
 

@@ -8,6 +8,8 @@ use mirror_core::{
 
 use tokio::time::Instant;
 
+use mirror_fence::Applier;
+
 use super::{Engine, EngineError, Pending, Refusal, Run};
 
 impl Engine {
@@ -132,7 +134,7 @@ impl Engine {
             source_cluster,
             target_cluster,
             trust,
-            writer: None,
+            applier: None,
             watch: None,
             drain_target: None,
             tls_files,
@@ -144,7 +146,11 @@ impl Engine {
             confirmer: super::confirm::Confirmer::default(),
         };
         let result = run.start(pending).await;
-        let committed = run.writer.as_ref().map_or(0, |w| w.mod_revision());
+        let committed = run.applier.as_ref().map_or(0, |a| a.writer().mod_revision());
+        // The throttle curve goes on from this run's last write into the next run's.
+        if let Some(throttle) = run.applier.as_ref().map(Applier::throttle) {
+            self.throttle = throttle;
+        }
         self.target_committed = self.target_committed.max(committed);
         result
     }

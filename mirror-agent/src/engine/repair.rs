@@ -138,7 +138,7 @@ impl Run<'_> {
     /// A comparison of the source pinned at the watermark with the target as it is: while the
     /// tail is not writing, that is the state G3 says must be equal.
     pub(super) fn differ_at_watermark(&mut self) -> mirror_reconcile::Differ {
-        let watermark = self.writer.as_ref().expect("fence claimed").record().watermark;
+        let watermark = self.applier.as_ref().expect("fence claimed").record().watermark;
         let page = self.page_options("reconcile page").at_revision(watermark);
         mirror_reconcile::Differ::new(
             self.engine.rewriter.clone(),

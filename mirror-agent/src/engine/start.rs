@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use etcd_client::GetOptions;
 use mirror_core::{now_rfc3339, unary, ConditionType, DestRange, KeyRange, Reason, Side};
-use mirror_fence::{read_checkpoint_since, Checkpoint, FenceError, FencedWriter, Observed};
+use mirror_fence::{read_checkpoint_since, Applier, Checkpoint, FenceError, FencedWriter, Observed};
 use mirror_scan::count;
 use mirror_watch::{open_watch, Watch};
 use tracing::{info, warn};
@@ -272,7 +272,8 @@ impl Run<'_> {
             s.confirmed_time = confirmed;
             s.set_condition(ConditionType::Fenced, false, Reason::HoldingFence, "");
         });
-        self.writer = Some(writer);
+        let sync = self.cfg().sync.clone();
+        self.applier = Some(Applier::new(writer, sync, self.engine.throttle, self.engine.shutdown.clone()));
         // Only the fence holder keeps leases: what the link holds is found now and kept alive
         // from now on; any that ran out meanwhile are granted again and their keys owed.
         let record = self.writer().record().clone();

@@ -80,7 +80,7 @@ impl Run<'_> {
                 _ = self.engine.shutdown.cancelled() => return Ok(()),
                 _ = reload_changed(&mut self.engine.reload) => {
                     self.engine.apply_reload()?;
-                    self.leases.configure(&self.engine.cfg.sync);
+                    self.reconfigure();
                     continue;
                 }
                 _ = tls_check.tick(), if self.tls_files.is_some() && scan_end.is_none() => {
@@ -265,11 +265,10 @@ impl Run<'_> {
     }
 
     /// A reply at or below the watermark confirmed it current: stores when, with a
-    /// checkpoint-only Txn at most once per `progress_interval`
-    /// ([`super::confirm::Confirmer::owed`]).
+    /// checkpoint-only Txn at most once per `progress_interval` ([`super::confirm::Confirmer::owed`]).
     async fn confirm_current(&mut self, scan_end: &Option<i64>) -> Result<(), EngineError> {
         let interval = self.cfg().sync.progress_interval.get();
-        let record = self.writer.as_ref().expect("fence claimed").record();
+        let record = self.applier.as_ref().expect("fence claimed").record();
         let Some(time) = self.confirmer.owed(&record.confirmed_time, interval, *scan_end) else {
             return Ok(());
         };
@@ -277,8 +276,7 @@ impl Run<'_> {
         self.commit_with_retry(&[], next).await
     }
 
-    /// Starts the idle source's confirm read ([`super::confirm::Confirmer::start_read`]), one
-    /// at a time.
+    /// Starts the idle source's confirm read ([`super::confirm::Confirmer::start_read`]), one at a time.
     fn start_confirm_read(&mut self, in_genesis: bool) {
         let sync = &self.cfg().sync;
         let timeout = sync.request_timeout.get().min(sync.progress_interval.get());

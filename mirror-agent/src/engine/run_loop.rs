@@ -6,7 +6,7 @@ use std::time::Duration;
 use mirror_core::{
     connect, Action, ConditionType, Config, ErrorClass, LastError, Phase, Reason, RetryPolicy, Side,
 };
-use mirror_fence::{read_checkpoint, Observed, Role};
+use mirror_fence::{read_checkpoint, FenceError, Observed, Role};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -242,7 +242,7 @@ impl Engine {
 
     /// Cold standby: no writes; watch the fence and report it until shutdown, or until a
     /// reloaded config raises our epoch above the stored one (then returns true: take over).
-    pub(super) async fn standby(&mut self, reason: Reason, message: &str) -> bool {
+    pub(super) async fn standby(&mut self, mut reason: Reason, message: &str) -> bool {
         self.set_phase(Phase::Standby);
         self.update(|s| s.set_condition(ConditionType::Fenced, true, reason, message));
         // Keep the fence visible in status; log only on change.
@@ -288,6 +288,14 @@ impl Engine {
                     info!(epoch = record.epoch, holder = %record.agent_id, "fence held by another writer");
                     self.update(|s| s.watermark = record.watermark);
                     last = Some(now);
+                }
+                if record.role == Role::Primary && reason != Reason::TargetPromoted {
+                    // Fenced by a cutover's claim (a newer epoch) before it promoted: once it
+                    // has, the standby says so, as an agent that meets the promotion does.
+                    reason = Reason::TargetPromoted;
+                    warn!(epoch = record.epoch, "the target was promoted while this agent stood by");
+                    let said = FenceError::CutOver.to_string();
+                    self.update(|s| s.set_condition(ConditionType::Fenced, true, reason, said));
                 }
             }
             tokio::select! {

@@ -23,8 +23,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions
 use mirror_core::{connect_reachable, unary, Config, Fault, Side};
 use mirror_fence::{Checkpoint, Role};
 
+use super::leases::lease_records;
 use super::leases::record_key;
-use super::tail::lease_records;
 use crate::exit::Exit;
 
 /// Runs the failover of an exact link (the source was probed and found lost, or `--force`).

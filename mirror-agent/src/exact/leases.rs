@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, TxnOp};
-use mirror_core::{unary, ExactRevision, Fault, Side};
+use mirror_core::{unary, Config, ExactRevision, Fault, Side};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -45,6 +45,13 @@ pub(super) struct TargetLeases {
     records: Vec<u8>,
     /// Record puts and deletes for the next Txn to carry.
     riders: Vec<TxnOp>,
+}
+
+/// The prefix of the link's lease TTL records: `\0etcd-mirror/<link_uid>/leases/`.
+pub(crate) fn lease_records(cfg: &Config) -> Vec<u8> {
+    let checkpoint = cfg.checkpoint_key();
+    let link = &checkpoint[..checkpoint.len() - b"checkpoint".len()];
+    [link, b"leases/"].concat()
 }
 
 /// The key of lease `id`'s TTL record under `prefix`.

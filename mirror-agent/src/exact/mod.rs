@@ -5,7 +5,9 @@
 //!   resumes from its checkpoint.
 //! - `tail::Tail`: one fenced Txn per source revision ([`mirror_fence::ExactFence`]), fed by
 //!   the watch of the whole keyspace ([`mirror_watch::ExactWatch`]); the target leases are
-//!   held by [`leases::TargetLeases`], and the target's compaction follows the source's.
+//!   held by [`leases::TargetLeases`], and the target's compaction follows the source's
+//!   ([`compaction::Following`]); revisions the source compacted come from the seed's spool
+//!   ([`seed::spooled_after`]).
 //!
 //! What stops the link for good (`failed`, nothing more written): a foreign write, a missing
 //! revision, a target that is not a restore of this source or whose history the source
@@ -27,6 +29,7 @@ use tracing::{error, info, warn};
 
 use crate::reporter::Reporter;
 
+mod compaction;
 pub(crate) mod compare;
 pub(crate) mod cutover;
 pub(crate) mod digest;
@@ -37,7 +40,7 @@ mod replica;
 mod seed;
 mod tail;
 
-pub(crate) use tail::compacted_revision;
+pub(crate) use compaction::compacted_revision;
 
 /// Why a run of the exact link ended.
 #[derive(Debug)]
@@ -144,7 +147,7 @@ async fn run_once(
     // Every target lease is kept alive from the run's first second, through the proof of the
     // seed too (a restored target's master leases live 15 s; a proof of many keys takes longer).
     let hold = cfg.sync.exact_lease_hold.get();
-    let records = tail::lease_records(cfg);
+    let records = leases::lease_records(cfg);
     let adopted =
         leases::TargetLeases::adopt(source.clone(), target.clone(), hold, timeout(cfg), records).await;
     let mut leases = match adopted {

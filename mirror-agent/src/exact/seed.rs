@@ -3,8 +3,9 @@
 //! its checkpoint, or refused when something else wrote it since).
 
 use etcd_client::{Client, GetOptions};
-use mirror_core::{unary, Config, Fault, Reason, Side};
+use mirror_core::{unary, Config, ExactRevision, Fault, Reason, Side};
 use mirror_fence::{Checkpoint, ExactFence, Stamp};
+use mirror_watch::SpoolReader;
 use tracing::info;
 
 use super::compare::compare_at;
@@ -94,6 +95,42 @@ pub(super) async fn not_promoted(cfg: &Config, target: &Client) -> Result<(), St
         Some(Ok(record)) if record.role == mirror_fence::Role::Primary => Err(promoted(&record)),
         _ => Ok(()),
     }
+}
+
+/// The seed's spooled revisions after `received` (`sync.exact_seed`'s spool), as far as the
+/// spool goes without a gap; none without a seed. A gap after `received` is loss.
+pub(super) fn spooled_after(cfg: &Config, received: i64) -> Result<Vec<ExactRevision>, Stop> {
+    if cfg.sync.exact_seed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let path = super::digest::spool_path(std::path::Path::new(&cfg.sync.exact_seed));
+    let spool_error =
+        |e: mirror_watch::SpoolError| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display()));
+    let mut spool = SpoolReader::open(&path).map_err(spool_error)?;
+    let (mut spooled, mut last) = (Vec::new(), received);
+    while let Some(rev) = spool.read_next().map_err(spool_error)? {
+        let want = last + 1;
+        if rev.revision < want {
+            continue;
+        }
+        if rev.revision > want {
+            return Err(Stop::lost(
+                Reason::RevisionMissing,
+                format!(
+                    "the spool {} holds revision {} after {}, not {want}",
+                    path.display(),
+                    rev.revision,
+                    last
+                ),
+            ));
+        }
+        last = rev.revision;
+        spooled.push(rev);
+    }
+    if !spooled.is_empty() {
+        info!(queued = spooled.len(), to = last, "the seed's spool holds the revisions the source compacted");
+    }
+    Ok(spooled)
 }
 
 /// The link stops: the target was promoted at `record`.

@@ -4,15 +4,16 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, CompactionOptions, WatchOptions};
+use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
+    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side,
 };
 use mirror_fence::{Answer, Checkpoint, Landing, RevisionTxn, Role};
-use mirror_watch::{ExactDelivery, ExactError, ExactWatch, SpoolReader};
+use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::compaction::{learn_compaction, Following, COMPACTION_CHECK};
 use super::flight::{landed_prefix, Flight, Verdict};
 use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
@@ -22,8 +23,6 @@ use crate::reporter::Reporter;
 
 /// How often the tail looks at the leases due a keep-alive.
 const KEEP_CHECK: Duration = Duration::from_secs(1);
-/// How often it asks the source how far it compacted.
-const COMPACTION_CHECK: Duration = Duration::from_secs(10);
 /// How often an idle tail re-reads the checkpoint (a foreign write shows without a Txn).
 const FENCE_CHECK: Duration = Duration::from_secs(2);
 
@@ -33,8 +32,8 @@ pub(super) struct Tail<'c> {
     source: Client,
     target: Client,
     placed: Placed,
-    /// The target's compaction as the link moved it (0: not yet).
-    compacted: i64,
+    /// The target's compaction, following the source's.
+    compaction: Following,
     /// This agent's ID, written into every record it lands.
     me: String,
     /// The highest source revision the watch has shown (its responses' header revision).
@@ -59,7 +58,18 @@ impl<'c> Tail<'c> {
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
-        Tail { cfg, source, target, placed, compacted: 0, me, seen, received, backoff, range }
+        Tail {
+            cfg,
+            source,
+            target,
+            placed,
+            compaction: Following::default(),
+            me,
+            seen,
+            received,
+            backoff,
+            range,
+        }
     }
 
     /// Tails until something stops it.
@@ -93,8 +103,7 @@ impl<'c> Tail<'c> {
         // The source's compaction is learned on a task of its own: each probe waits up to a
         // second for etcd's answer, which the tail must not (it stalled every revision behind).
         let (learned, mut source_compacted) = tokio::sync::watch::channel(0i64);
-        let probe = tokio::spawn(learn_compaction(self.source.clone(), self.cfg.clone(), learned));
-        let _stop_probe = AbortOnDrop(probe);
+        let _probe = learn_compaction(self.source.clone(), self.cfg.clone(), learned);
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
         loop {
@@ -151,7 +160,8 @@ impl<'c> Tail<'c> {
                 _ = compaction.tick() => {
                     // Also when the replica caught up with a compaction learned earlier.
                     let at = *source_compacted.borrow_and_update();
-                    if let Some(at) = self.follow_compaction(at).await? {
+                    let (kv, t) = (self.target.kv_client(), timeout(self.cfg));
+                    if let Some(at) = self.compaction.follow(at, self.placed.watermark, kv, t).await? {
                         exact_status(reporter, |e| e.compacted_revision = at);
                     }
                 }
@@ -350,40 +360,14 @@ impl<'c> Tail<'c> {
         Ok(())
     }
 
-    /// Queues the seed's spooled revisions after the last one received, as far as the spool
-    /// goes without a gap; how many.
+    /// Queues the seed's spooled revisions after the last one received
+    /// ([`super::seed::spooled_after`]); how many.
     fn replay_spool(&mut self, flight: &mut Flight) -> Result<u64, Stop> {
-        if self.cfg.sync.exact_seed.is_empty() {
-            return Ok(0);
-        }
-        let path = super::digest::spool_path(std::path::Path::new(&self.cfg.sync.exact_seed));
-        let spool_error = |e: mirror_watch::SpoolError| {
-            Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display()))
-        };
-        let mut spool = SpoolReader::open(&path).map_err(spool_error)?;
-        let mut queued = 0;
-        while let Some(rev) = spool.read_next().map_err(spool_error)? {
-            let want = self.received + 1;
-            if rev.revision < want {
-                continue;
-            }
-            if rev.revision > want {
-                return Err(Stop::lost(
-                    Reason::RevisionMissing,
-                    format!(
-                        "the spool {} holds revision {} after {}, not {want}",
-                        path.display(),
-                        rev.revision,
-                        want - 1
-                    ),
-                ));
-            }
+        let spooled = super::seed::spooled_after(self.cfg, self.received)?;
+        let queued = spooled.len() as u64;
+        for rev in spooled {
             self.received = rev.revision;
             flight.waiting.push_back((rev, None));
-            queued += 1;
-        }
-        if queued > 0 {
-            info!(queued, to = self.received, "the seed's spool holds the revisions the source compacted");
         }
         Ok(queued)
     }
@@ -452,74 +436,9 @@ impl<'c> Tail<'c> {
         }
         Ok(())
     }
-
-    /// Compacts the target where the source compacted, once the replica holds that revision
-    /// (compaction adds no revision; "compacted" means someone got there first).
-    async fn follow_compaction(&mut self, at: i64) -> Result<Option<i64>, Stop> {
-        if at <= self.compacted || at > self.placed.watermark {
-            return Ok(None);
-        }
-        let mut kv = self.target.kv_client();
-        let compact = kv.compact(at, Some(CompactionOptions::new()));
-        let reported = at;
-        match unary("compact target", Side::Target, timeout(self.cfg), compact).await {
-            Ok(_) => info!(revision = at, "target compacted where the source compacted"),
-            Err(e) if e.fault == Fault::Compacted => {}
-            Err(e) => return Err(e.into()),
-        }
-        self.compacted = at;
-        Ok(Some(reported))
-    }
-}
-
-/// Aborts a task when dropped (the run that started it ended).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Learns the source's compacted revision every [`COMPACTION_CHECK`] and publishes it.
-async fn learn_compaction(mut source: Client, cfg: Config, learned: tokio::sync::watch::Sender<i64>) {
-    loop {
-        if let Ok(Some(at)) = compacted_revision(&mut source, &cfg).await {
-            learned.send_if_modified(|known| std::mem::replace(known, at) != at);
-        }
-        tokio::time::sleep(COMPACTION_CHECK).await;
-    }
-}
-
-/// The source's compacted revision, learned without admin rights: a watch from revision 1 of a
-/// key nobody writes is cancelled with it (`None`: not compacted, or not said within a second).
-pub(crate) async fn compacted_revision(source: &mut Client, cfg: &Config) -> Result<Option<i64>, Stop> {
-    let key = [&cfg.checkpoint_key()[..], b"/compaction-probe"].concat();
-    let opts = WatchOptions::new().with_start_revision(1);
-    let stream = source.watch_client().watch(key, Some(opts)).await;
-    let mut stream = stream.map_err(|e| mirror_core::EtcdError::new("compaction probe", Side::Source, e))?;
-    let deadline = tokio::time::sleep(Duration::from_secs(1));
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut deadline => return Ok(None),
-            message = stream.message() => match message {
-                Ok(Some(resp)) if resp.compact_revision() > 0 => return Ok(Some(resp.compact_revision())),
-                Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => return Ok(None),
-            }
-        }
-    }
 }
 
 /// Updates the `exact` section of the status.
 fn exact_status(reporter: &Reporter, f: impl FnOnce(&mut mirror_core::ExactStatus)) {
     reporter.update(|s| f(s.exact.get_or_insert_with(Default::default)));
-}
-
-/// The prefix of the link's lease TTL records: `\0etcd-mirror/<link_uid>/leases/`.
-pub(crate) fn lease_records(cfg: &Config) -> Vec<u8> {
-    let checkpoint = cfg.checkpoint_key();
-    let link = &checkpoint[..checkpoint.len() - b"checkpoint".len()];
-    [link, b"leases/"].concat()
 }

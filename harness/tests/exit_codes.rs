@@ -7,9 +7,7 @@ use harness::{AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 
 /// Runs `mirror-agent ARGS`; its exit code and everything it printed.
 async fn exit_of(args: &[&str]) -> (i32, String) {
-    let out = tokio::process::Command::new(harness::agent_binary()).args(args).output().await.unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), text)
+    exit_with(&[], args).await
 }
 
 /// [`exit_of`] with failpoints armed (`MIRROR_FAILPOINT_<NAME>=value`).

@@ -27,6 +27,8 @@
 //! - `tail`: watch responses, progress, timers (fence, members, TLS files, reconcile).
 //! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
 //! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
+//! - `error`: [`EngineError`], how a run ends (class, reason, fix).
+//! - `run`: [`Run`], what one connected run holds, and the helpers every phase shares.
 //! - `settle`: completing an initial sync or a drain on an idle source by comparison.
 //! - `buffering`: the [`buffering::Buffering`], a component of its own (no `impl Run`): the
 //!   watch read into a replay buffer while a long pass runs.
@@ -89,10 +91,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, KvClient};
-use mirror_core::{AgentRole, Config, ErrorClass, EtcdError, KeyRewriter, Phase, Probe, Reason, Status};
-use mirror_fence::{Applier, Checkpoint, FenceError, FencedWriter, Role};
-use mirror_watch::{Op, OpChunker, Watch};
+use mirror_core::{AgentRole, Config, KeyRewriter, Phase, Status};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -102,6 +101,7 @@ mod causes;
 mod commit;
 mod confirm;
 mod decide;
+mod error;
 mod genesis;
 mod ha;
 mod leases;
@@ -109,15 +109,18 @@ mod plan;
 mod probe;
 mod refusal;
 mod repair;
+mod run;
 mod run_loop;
 mod settle;
 mod start;
 mod tail;
 
 pub use causes::{ReconnectCause, Restart, ResyncCause};
+pub use error::EngineError;
 
 use probe::{members_reachable, tls_fingerprint};
 pub use refusal::Refusal;
+use run::Run;
 
 /// Data-only scan Txns in flight at once.
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
@@ -153,75 +156,6 @@ const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 pub use mirror_core::StatusHandle;
-
-/// How an engine run ended, as the outer loop sees it.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// An etcd call failed.
-    #[error(transparent)]
-    Etcd(#[from] EtcdError),
-    /// The fence said no.
-    #[error(transparent)]
-    Fence(#[from] FenceError),
-    /// A rule of the product was broken (empty target, direction, version, oversized revision).
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    /// Genesis must start over (buffer overflow, compacted watch mid-scan).
-    #[error("genesis restart: {0}")]
-    RestartGenesis(Restart),
-    /// History is gone: forced resync with prune.
-    #[error("forced resync: {0}")]
-    Resync(ResyncCause),
-    /// The connection settings or TLS files changed: reconnect now, no backoff, no error.
-    #[error("reconnect: {0}")]
-    Reconnect(ReconnectCause),
-    /// A reload set `paused = true`: drop the watch, stop writing, wait for the unpause.
-    #[error("paused by config")]
-    Paused,
-    /// SIGTERM/SIGINT arrived inside a long phase (scan, sweep, reconcile pass, retry wait):
-    /// stop now; a restart resumes from the checkpoint.
-    #[error("shutting down")]
-    Shutdown,
-}
-
-impl EngineError {
-    fn class(&self) -> ErrorClass {
-        match self {
-            EngineError::Etcd(e) => e.class(),
-            EngineError::Fence(f) => f.class(),
-            EngineError::Refused(_) => ErrorClass::Permanent,
-            EngineError::RestartGenesis(_) | EngineError::Resync(_) => ErrorClass::Resync,
-            EngineError::Reconnect(_) | EngineError::Paused | EngineError::Shutdown => ErrorClass::Transient,
-        }
-    }
-
-    /// The command that clears the way, for the refusals that have one.
-    fn fix(&self) -> Option<String> {
-        match self {
-            EngineError::Refused(r) => r.fix(),
-            _ => None,
-        }
-    }
-
-    fn reason(&self) -> Reason {
-        match self {
-            EngineError::Etcd(e) | EngineError::Fence(FenceError::Etcd(e)) => e.fault.into(),
-            EngineError::Fence(f) => f.reason(),
-            EngineError::Refused(r) => r.reason(),
-            EngineError::RestartGenesis(r) => r.reason(),
-            EngineError::Resync(r) => r.reason(),
-            EngineError::Reconnect(r) => r.reason(),
-            EngineError::Paused => Reason::Paused,
-            EngineError::Shutdown => Reason::Shutdown,
-        }
-    }
-}
-
-impl From<mirror_watch::Overflow> for EngineError {
-    fn from(_: mirror_watch::Overflow) -> Self {
-        EngineError::RestartGenesis(Restart::WatchBufferOverflow)
-    }
-}
 
 /// What the next connect should do about genesis.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -365,160 +299,6 @@ impl Engine {
 
     fn set_phase(&self, phase: Phase) {
         self.reporter.set_phase(phase, phase.reason());
-    }
-}
-
-/// A probe of the source and of the target.
-type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
-
-/// Everything one connected run needs.
-struct Run<'e> {
-    engine: &'e mut Engine,
-    source: Client,
-    target_kv: KvClient,
-    /// The target leases of `sync.leases = "preserve"` (`leases`).
-    leases: leases::LeaseKeeper,
-    source_cluster: u64,
-    target_cluster: u64,
-    trust: bool,
-    /// The fenced applier, once the fence is claimed: the writer and how writes land.
-    applier: Option<Applier>,
-    /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
-    /// source's events wait in the source, not in this process.
-    watch: Option<Watch>,
-    /// Drain mode: the source revision the watermark must reach before verification.
-    drain_target: Option<i64>,
-    /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
-    tls_files: Option<Vec<[u8; 32]>>,
-    /// Comparisons in a row during a drain that found the target behind.
-    drain_settles: u32,
-    /// Not before this may the tail run another idle proof ([`mirror_watch::prove_unchanged`]):
-    /// proofs read the range keys-only, so they are spaced to at most a fifth of the time, but
-    /// never farther apart than `progress_interval`.
-    next_idle_proof: Option<Instant>,
-    /// A background probe of every member of both sides (for `MemberUnreachable`).
-    member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
-    /// The watch read into a replay buffer while a long pass runs (`buffering`).
-    buffering: buffering::Buffering,
-    /// The count of the range at R0 for `initial_sync.total_keys`, beside the scan (`genesis`).
-    counting: Option<genesis::Counting>,
-    /// What the source last said about its revision, and the confirm read in flight
-    /// (`confirmed_time`).
-    confirmer: confirm::Confirmer,
-}
-
-impl Run<'_> {
-    fn cfg(&self) -> &Config {
-        &self.engine.cfg
-    }
-
-    fn timeout(&self) -> Duration {
-        self.engine.cfg.sync.request_timeout.get()
-    }
-
-    /// Ops of one revision held key by key before its deletes fold into runs.
-    fn held_revision_bytes(&self) -> usize {
-        mirror_watch::held_revision_bytes(self.engine.cfg.sync.watch_buffer_bytes.bytes())
-    }
-
-    /// A fresh record at `watermark`, carrying the link's counts as status holds them (seeded
-    /// from the stored record at the start of every run: [`Run::remember_counts`]).
-    fn template(&self, watermark: i64) -> Checkpoint {
-        let (forced_resyncs, scan_restarts, initial_sync_completed) = self.engine.counts();
-        Checkpoint {
-            link_uid: self.cfg().link_uid.clone(),
-            epoch: self.cfg().epoch as u64,
-            role: Role::Mirror,
-            watermark,
-            scanning: false,
-            scan_cursor: Vec::new(),
-            prune_pending: false,
-            source_cluster_id: self.source_cluster,
-            target_cluster_id: self.target_cluster,
-            agent_id: self.engine.agent_id.clone(),
-            commit: String::new(),
-            range: self.engine.rewriter.range_fingerprint(),
-            confirmed_time: String::new(),
-            forced_resyncs,
-            scan_restarts,
-            initial_sync_completed,
-            excludes: self.engine.rewriter.dest_excludes(),
-            source_seen: 0,
-        }
-    }
-
-    /// Packs independent target ops (scan puts, repairs, prune deletes) by what one Txn of
-    /// nested Txns holds beside the checkpoint put ([`mirror_fence::nested_txn_capacity`]), by
-    /// `txn_flush_bytes`, and, under `max_ops_per_second`, by about a second of ops (never below
-    /// a flat Txn), so a paced target gets steady Txns rather than bursts and long pauses.
-    fn chunker(&self) -> OpChunker {
-        let sync = &self.cfg().sync;
-        let per_level = self.txn_ops_per_level();
-        let mut ops = mirror_fence::nested_txn_capacity(per_level as i64);
-        if sync.max_ops_per_second > 0 {
-            let flat = per_level.max(2) - 1;
-            ops = ops.min((sync.max_ops_per_second as usize).max(flat));
-        }
-        OpChunker::new(ops, sync.txn_flush_bytes.bytes() as usize)
-    }
-
-    /// Page limits and deadline of every reader, as configured.
-    fn page_options(&self, op: &'static str) -> mirror_core::PagerOptions {
-        let sync = &self.cfg().sync;
-        mirror_core::PagerOptions::new(
-            op,
-            sync.page_key_limit,
-            sync.page_bytes.bytes() as usize,
-            sync.request_timeout.get(),
-        )
-    }
-
-    /// The per-level op limit of this run: `sync.max_txn_ops` as the writer was built with it
-    /// (a reload applies at the next run), halved where the target refused it.
-    fn txn_ops_per_level(&self) -> usize {
-        self.applier
-            .as_ref()
-            .map_or(mirror_fence::ops_per_level(self.cfg().sync.max_txn_ops), Applier::max_txn_ops)
-    }
-
-    fn writer(&mut self) -> &mut FencedWriter {
-        self.applier.as_mut().expect("fence claimed before any write").writer_mut()
-    }
-
-    /// Hands a reloaded config's live fields to the components that use them (the lease
-    /// keeper's TTLs, the applier's pace and backoff).
-    fn reconfigure(&mut self) {
-        let sync = &self.engine.cfg.sync;
-        self.leases.configure(sync);
-        if let Some(applier) = self.applier.as_mut() {
-            applier.reload(sync);
-        }
-    }
-
-    /// The fenced applier and what it reaches of this run ([`commit::Hooks`]).
-    fn applier(&mut self) -> (&mut Applier, commit::Hooks<'_>) {
-        let Run { engine, applier, leases, watch, tls_files, .. } = self;
-        let hooks = commit::Hooks { engine, leases, watch, tls_files };
-        (applier.as_mut().expect("fence claimed before any write"), hooks)
-    }
-
-    /// One fenced Txn of `ops` moving the record to `next` ([`Applier::commit`]).
-    async fn commit_with_retry(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
-        let (applier, mut hooks) = self.applier();
-        applier.commit(ops, next, &mut hooks).await
-    }
-
-    /// Independent ops under the checkpoint as it stands ([`Applier::commit_keep`]).
-    async fn commit_keep(&mut self, ops: &[Op]) -> Result<(), EngineError> {
-        let (applier, mut hooks) = self.applier();
-        applier.commit_keep(ops, &mut hooks).await
-    }
-
-    /// Independent ops with the checkpoint `next`, split as the target's limits require
-    /// ([`Applier::commit_independent`]).
-    async fn commit_independent(&mut self, ops: &[Op], next: Checkpoint) -> Result<(), EngineError> {
-        let (applier, mut hooks) = self.applier();
-        applier.commit_independent(ops, next, &mut hooks).await
     }
 }
 

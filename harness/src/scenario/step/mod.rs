@@ -18,6 +18,7 @@ use super::world::World;
 mod agent;
 mod check;
 mod data;
+mod delete;
 mod lease;
 mod member;
 mod network;
@@ -28,7 +29,8 @@ pub use agent::{
     Cutover, FailbackPlan, Failover, ReloadAgent, Retire, RunFix, StartAgent, StopAgent, Verify,
 };
 pub use check::{Expect, Sleep, Wait};
-pub use data::{CheckPerf, Churn, Del, Load, Put, Revoke, Txn};
+pub use data::{CheckPerf, Churn, Load, Put, Revoke, Txn};
+pub use delete::Del;
 pub use lease::{Grant, KeepLeases, LoadLeased};
 pub use member::{
     AlarmDisarm, Compact, Defrag, KillMember, PauseMember, Restore, ResumeMember, Snapshot, StartMember,

@@ -23,12 +23,13 @@ mod lease;
 mod member;
 mod network;
 mod until;
+mod wait;
 
 pub use crate::scenario::sides::{Journal, MemberRef, RevisionRef, SideName, Sides, Signal};
 pub use agent::{
     Cutover, FailbackPlan, Failover, ReloadAgent, Retire, RunFix, StartAgent, StopAgent, Verify,
 };
-pub use check::{Expect, Sleep, Wait};
+pub use check::Expect;
 pub use data::{CheckPerf, Churn, Load, Put, Revoke, Txn};
 pub use delete::Del;
 pub use lease::{Grant, KeepLeases, LoadLeased};
@@ -38,6 +39,7 @@ pub use member::{
 };
 pub use network::{Delay, Heal, Partition};
 pub use until::{parse_condition, parse_until, ConditionIs, Until};
+pub use wait::{Sleep, Wait};
 
 /// One step kind. Keys in data steps are relative to the side's prefix.
 #[async_trait::async_trait]

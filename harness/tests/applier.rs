@@ -176,6 +176,29 @@ async fn independent_ops_are_laid_out_to_the_target_s_limits() {
     assert!(owner.retries.is_empty(), "a refusal as too large is not retried: {:?}", owner.retries);
 }
 
+/// A target with 8 ops per level, the applier at etcd's default of 128: 952 independent puts
+/// (a scan chunk cut for 128, the engine's chunk size there) no layout at 16 per level holds,
+/// so they are halved as the limit halves, and every op lands once. Before, nesting deeper
+/// stopped at 16 with a permanent "952 ops do not fit one Txn with max_txn_ops 16"
+/// (scenario `low-max-txn-ops`: the initial sync never ended).
+#[tokio::test]
+async fn a_chunk_cut_for_a_higher_limit_is_split_to_the_target_s() {
+    let target =
+        EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).arg("--max-txn-ops=8")).await.unwrap();
+    let mut client = target.client().await.unwrap();
+    let mut applier = applier(&client, CancellationToken::new()).await;
+    let mut owner = Recorder::default();
+    let chunk = puts("chunk", 952, 8);
+    assert_eq!(mirror_fence::nested_txn_capacity(128), chunk.len(), "a whole chunk at 128 per level");
+    applier.commit_independent(&chunk, record(11), &mut owner).await.unwrap();
+    assert!(applier.max_txn_ops() <= 8, "nested deeper: {} ops per level", applier.max_txn_ops());
+    assert_eq!(count(&mut client).await, 952);
+    assert_eq!(owner.landed.iter().map(|(ops, _, _)| ops).sum::<usize>(), 952, "every op landed once");
+    assert!(owner.landed.len() > 1, "split: {:?}", owner.landed);
+    assert_eq!(applier.record().watermark, 11);
+    assert!(owner.retries.is_empty(), "a layout refusal is not retried: {:?}", owner.retries);
+}
+
 /// A target that does not answer: every try fails as transient and is retried on the backoff,
 /// the third round says the target is unreachable (degrade, drop the watch); once it answers,
 /// the write lands and the owner hears it recovered. A stop during a wait ends the write at

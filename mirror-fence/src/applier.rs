@@ -289,13 +289,20 @@ impl Applier {
     /// halves, the first under the record as it stands, the second with `next`, down to a single
     /// op; a single op that fits only without the checkpoint put is written alone
     /// ([`Applier::commit_data_then_checkpoint`]); one that does not fit at all is
-    /// [`Stop::ValueTooLarge`], naming the key (redacted) and its size.
+    /// [`Stop::ValueTooLarge`], naming the key (redacted) and its size. Ops that no layout of
+    /// the per-level limit holds (a chunk cut for a higher limit than the target allows, after
+    /// nesting deeper) are halved before they are sent.
     pub async fn commit_independent<O: Owner>(
         &mut self,
         ops: &[Op],
         next: Checkpoint,
         owner: &mut O,
     ) -> Result<(), O::Error> {
+        if ops.len() > 1 && crate::nest::plan(ops.len(), self.writer.max_txn_ops(), 1).is_err() {
+            let (first, second) = ops.split_at(ops.len() / 2);
+            Box::pin(self.commit_keep(first, owner)).await?;
+            return Box::pin(self.commit_independent(second, next, owner)).await;
+        }
         let Err(e) = self.try_commit(ops, next.clone(), Vec::new(), owner).await? else { return Ok(()) };
         if self.may_nest_deeper(&e) {
             self.nest_deeper();

@@ -53,14 +53,16 @@ async fn large_values_sync_reconcile_verify_and_cut_over(#[case] version: EtcdVe
     // they are written: the passes seen (each read once, a pass is at least 2 s from the next)
     // add up to 40 divergent keys found and 40 repaired.
     put_big(&mut dst, "/blob/", 40, b'X').await;
-    let passes = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    // Each pass by when it ended and how long it took: (divergent, repaired).
+    let passes = std::cell::RefCell::new(std::collections::BTreeMap::new());
     let status = agent
         .wait_for("reconcile passes that repaired 40 divergent keys", Duration::from_secs(60), |s| {
             let Some(r) = &s.last_reconcile else { return false };
             let mut passes = passes.borrow_mut();
-            passes.insert((r.time.clone(), r.duration_seconds.to_bits(), r.divergent, r.repaired));
-            let sum = |f: fn(&(Option<String>, u64, u64, u64)) -> u64| passes.iter().map(f).sum::<u64>();
-            sum(|p| p.2) == 40 && sum(|p| p.3) == 40
+            passes.insert((r.time.clone(), r.duration_seconds.to_bits()), (r.divergent, r.repaired));
+            let divergent: u64 = passes.values().map(|p| p.0).sum();
+            let repaired: u64 = passes.values().map(|p| p.1).sum();
+            divergent == 40 && repaired == 40
         })
         .await
         .unwrap();

@@ -42,6 +42,21 @@ impl Run<'_> {
         self.apply(Batch { revisions: vec![Revision { revision, ops: Vec::new() }] }, scan_end).await
     }
 
+    /// A merged batch that cannot land as one Txn (`why`), applied one revision at a time.
+    async fn apply_one_by_one(
+        &mut self,
+        batch: Batch,
+        ops: usize,
+        why: &str,
+        scan_end: &mut Option<i64>,
+    ) -> Result<(), EngineError> {
+        warn!(revisions = batch.revisions.len(), ops, "{why}; retrying one revision at a time");
+        for one in batch.split() {
+            Box::pin(self.apply(one, scan_end)).await?;
+        }
+        Ok(())
+    }
+
     /// Commits one batch with its checkpoint; splits it when the target finds it too big.
     pub(super) async fn apply(
         &mut self,
@@ -59,21 +74,20 @@ impl Run<'_> {
             next = next.confirmed_at(time);
         }
         let (ops, guards) = self.resolve_runs(ops, last).await?;
+        if batch.revisions.len() > 1 && mirror_fence::plan(ops.len(), self.txn_ops_per_level(), 1).is_err() {
+            // Merged for a higher per-level limit than the target turned out to allow: no
+            // layout holds them together, each revision may still fit alone.
+            let why = "no layout at the target's ops per level holds the merged Txn";
+            return self.apply_one_by_one(batch, ops.len(), why, scan_end).await;
+        }
         let mut n = ops.len() as u64;
         let (applier, mut hooks) = self.applier();
         match applier.try_commit(&ops, next.clone(), guards.clone(), &mut hooks).await? {
             Ok(()) => {}
             Err(e) => {
                 if batch.revisions.len() > 1 {
-                    warn!(
-                        revisions = batch.revisions.len(),
-                        ops = ops.len(),
-                        "target refused a merged Txn as too big; retrying one revision at a time"
-                    );
-                    for one in batch.split() {
-                        Box::pin(self.apply(one, scan_end)).await?;
-                    }
-                    return Ok(());
+                    let why = "target refused a merged Txn as too big";
+                    return self.apply_one_by_one(batch, ops.len(), why, scan_end).await;
                 }
                 let (applier, _) = self.applier();
                 if applier.may_nest_deeper(&e) {

@@ -181,6 +181,12 @@ impl Applier {
         self.writer.max_txn_ops()
     }
 
+    /// Whether one Txn at the current per-level limit holds `ops` ops beside the checkpoint
+    /// put. Ops merged or cut for a higher limit (before the target's refusal halved it) may not.
+    pub fn holds(&self, ops: usize) -> bool {
+        crate::nest::holds(ops, self.writer.max_txn_ops(), 1)
+    }
+
     /// The target refused a Txn for too many ops per level: lay Txns out with half as many.
     pub fn nest_deeper(&mut self) {
         let per_level = self.writer.max_txn_ops();
@@ -298,7 +304,7 @@ impl Applier {
         next: Checkpoint,
         owner: &mut O,
     ) -> Result<(), O::Error> {
-        if ops.len() > 1 && crate::nest::plan(ops.len(), self.writer.max_txn_ops(), 1).is_err() {
+        if ops.len() > 1 && !self.holds(ops.len()) {
             let (first, second) = ops.split_at(ops.len() / 2);
             Box::pin(self.commit_keep(first, owner)).await?;
             return Box::pin(self.commit_independent(second, next, owner)).await;

@@ -83,6 +83,12 @@ pub fn plan(n: usize, limit: usize, reserved: usize) -> Result<Vec<Slot>, TooMan
     Ok(plan_at(n, limit, reserved, depth))
 }
 
+/// Whether some layout of at most [`MAX_DEPTH`] levels holds `n` ops under `limit` with
+/// `reserved` top-level slots: what [`plan`] would find, without building it.
+pub fn holds(n: usize, limit: usize, reserved: usize) -> bool {
+    fits(n, limit, reserved, MAX_DEPTH)
+}
+
 /// Whether `n` ops fit `depth` levels under `limit` with `reserved` top-level slots.
 fn fits(n: usize, limit: usize, reserved: usize, depth: usize) -> bool {
     if n + reserved <= limit {

@@ -81,4 +81,10 @@ proptest! {
             Err(e) => prop_assert!(limit < 48, "{e}"),
         }
     }
+
+    /// `holds` answers what `plan` would, without building the layout.
+    #[test]
+    fn holds_is_whether_a_plan_exists(n in 0usize..5_000, limit in 2usize..64, reserved in 0usize..2) {
+        prop_assert_eq!(holds(n, limit, reserved), plan(n, limit, reserved).is_ok());
+    }
 }

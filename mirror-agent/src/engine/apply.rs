@@ -74,7 +74,7 @@ impl Run<'_> {
             next = next.confirmed_at(time);
         }
         let (ops, guards) = self.resolve_runs(ops, last).await?;
-        if batch.revisions.len() > 1 && mirror_fence::plan(ops.len(), self.txn_ops_per_level(), 1).is_err() {
+        if batch.revisions.len() > 1 && !self.applier().0.holds(ops.len()) {
             // Merged for a higher per-level limit than the target turned out to allow: no
             // layout holds them together, each revision may still fit alone.
             let why = "no layout at the target's ops per level holds the merged Txn";

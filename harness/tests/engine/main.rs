@@ -14,6 +14,7 @@ use harness::{check_g3, load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdC
 use mirror_core::{Phase, Reason};
 
 mod genesis;
+mod leases;
 mod writes;
 
 struct Pair {

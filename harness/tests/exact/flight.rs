@@ -1,5 +1,5 @@
 //! Txns in flight, revisions cut into fragments or over the decode limit, snapshot leases
-//! running out while every agent is down, and the pause.
+//! running out while every agent is down, unanswered keep-alives, and the pause.
 
 use std::time::Duration;
 
@@ -173,6 +173,44 @@ async fn a_paused_link_writes_nothing_and_keeps_the_leases_alive() {
     );
     agent.reload(cfg.clone()).unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the pause").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
+    keeper.abort();
+}
+
+/// Target keep-alives that get no answer in time (as over a connection a network cut left
+/// stale; here the first three: at the adoption, during the seed's proof, whose end cuts the
+/// keep-alive short, and at the tail's first rounds) are retried a round later: the run goes
+/// on, and the snapshot's 10 s lease is still kept alive on the target after twice its TTL.
+/// Before, the first ended the run.
+#[tokio::test]
+async fn unanswered_keep_alives_are_retried_and_the_run_goes_on() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    let lease = src.lease_grant(10, None).await.unwrap().id();
+    let keeper = keep_alive(src.clone(), lease);
+    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr")
+        .overlay("[sync]\nrequest_timeout = \"1s\"")
+        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "3");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let log = agent.log();
+    assert!(log.contains("retrying at the first round"), "the adoption's keep-alive was answered:\n{log}");
+    assert!(log.contains("retrying at the next round"), "no round's keep-alive went unanswered:\n{log}");
+    assert!(!log.contains("exact link run ended"), "the run ended:\n{log}");
+    assert_eq!(
+        dst.get("/registry/masterleases/a", None).await.unwrap().count(),
+        1,
+        "the snapshot lease ran out on the target"
+    );
+    src.put("/registry/pods/second", "2", None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the retries").await;
     assert!(agent.status().await.unwrap().last_error.is_none());
     keeper.abort();
 }

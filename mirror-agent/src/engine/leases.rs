@@ -39,7 +39,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    EtcdError, Fault, KeyRange, LeaseMode, Op, Pager, PagerOptions, Side, StatusHandle, SyncSection,
+    ErrorClass, EtcdError, Fault, KeyRange, LeaseMode, Op, Pager, PagerOptions, Side, StatusHandle,
+    SyncSection,
 };
 use mirror_fence::Checkpoint;
 use tokio::sync::mpsc;
@@ -191,7 +192,14 @@ impl LeaseKeeper {
 }
 
 /// The task: a round every [`LEASE_ROUND`] at the fenced writer's watermark, until a round
-/// fails or the keeper is dropped.
+/// fails for good or the keeper is dropped.
+///
+/// A round that fails for a transient cause (a keep-alive with no answer in time, a target
+/// briefly without a leader) is retried at once, then at each round, the leases it did not keep
+/// still due; only [`FAILED_ROUNDS_TOLERATED`] in a row, or a permanent cause, end the run. Ending
+/// the run for one lost answer cost more than it saved: the restart's claim re-reads both
+/// ranges, and a lease with a TTL of a few seconds ran out on the target meanwhile, its keys
+/// deleted there until a reconcile pass put them back.
 async fn keep(
     shared: Arc<Shared>,
     watermarks: tokio::sync::watch::Receiver<i64>,
@@ -199,14 +207,22 @@ async fn keep(
 ) {
     let mut every = tokio::time::interval(LEASE_ROUND);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failed = 0;
     loop {
         every.tick().await;
         let watermark = *watermarks.borrow();
         match shared.round(watermark).await {
-            Ok(false) => {}
-            Ok(true) => {
-                if tell.send(LeaseNews::RepairOwed).is_err() {
+            Ok(owed) => {
+                failed = 0;
+                if owed && tell.send(LeaseNews::RepairOwed).is_err() {
                     return;
+                }
+            }
+            Err(e) if e.class() == ErrorClass::Transient && failed + 1 < FAILED_ROUNDS_TOLERATED => {
+                failed += 1;
+                warn!(error = %e, failed, "a lease round failed: retrying, the leases it did not keep still due");
+                if failed == 1 {
+                    every.reset_immediately();
                 }
             }
             Err(e) => {
@@ -220,6 +236,10 @@ async fn keep(
 /// How often the task looks at the leases: each is kept alive when due (every third of its TTL,
 /// at most `progress_interval` apart), so a second is the resolution.
 const LEASE_ROUND: Duration = Duration::from_secs(1);
+
+/// Rounds failed in a row for a transient cause after which the run ends (its restart connects
+/// afresh): the first is retried at once, the second a round later.
+const FAILED_ROUNDS_TOLERATED: u32 = 3;
 
 impl Shared {
     fn sync(&self) -> SyncSection {
@@ -272,7 +292,11 @@ impl Shared {
         let lapsed = held.tick(&self.source, &self.target, watermark, every, timeout).await?;
         let owed = !lapsed.is_empty();
         if owed {
-            self.regrant(&mut held, lapsed, "a keep-alive answered TTL 0").await?;
+            // The repair is owed whatever the grant does: its writes grant what is still
+            // missing ([`LeaseKeeper::txn_ops`]), so a failed grant must not lose the news.
+            if let Err(e) = self.regrant(&mut held, lapsed, "a keep-alive answered TTL 0").await {
+                warn!(error = %e, "granting them again failed: the owed reconcile pass grants them");
+            }
         }
         self.report(&held);
         Ok(owed)

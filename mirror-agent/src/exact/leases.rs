@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, TxnOp};
-use mirror_core::{unary, Config, ExactRevision, Fault, Side};
+use mirror_core::{unary, Config, ErrorClass, EtcdError, ExactRevision, Fault, Side};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Stop;
 
@@ -45,7 +45,12 @@ pub(super) struct TargetLeases {
     records: Vec<u8>,
     /// Record puts and deletes for the next Txn to carry.
     riders: Vec<TxnOp>,
+    /// Rounds of keep-alives in a row with a transient failure ([`TargetLeases::keep_due`]).
+    failed_rounds: u32,
 }
+
+/// Rounds of keep-alives in a row with a transient failure after which the run ends.
+const FAILED_ROUNDS_TOLERATED: u32 = 3;
 
 /// The prefix of the link's lease TTL records: `\0etcd-mirror/<link_uid>/leases/`.
 pub(crate) fn lease_records(cfg: &Config) -> Vec<u8> {
@@ -81,13 +86,26 @@ impl TargetLeases {
             held: BTreeMap::new(),
             records,
             riders: Vec::new(),
+            failed_rounds: 0,
         };
         for lease in listed.leases() {
             let id = lease.id();
             let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
             leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold });
-            if !leases.keep(id).await? {
-                leases.held.remove(&id);
+            match leases.keep(id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    leases.held.remove(&id);
+                }
+                // Due at the first round, a second from now ([`TargetLeases::keep_due`]).
+                Err(Stop::Etcd(e)) if e.class() == ErrorClass::Transient => {
+                    warn!(lease = id, error = %e, "a target keep-alive failed: retrying at the first round");
+                    if let Some(h) = leases.held.get_mut(&id) {
+                        let due = Duration::from_secs(ttl.max(1) as u64);
+                        h.kept = h.kept.checked_sub(due).unwrap_or(h.kept);
+                    }
+                }
+                Err(stop) => return Err(stop),
             }
         }
         info!(leases = leases.held.len(), "target leases adopted and kept alive");
@@ -189,7 +207,27 @@ impl TargetLeases {
 
     /// Keeps alive every lease a third of whose TTL has passed since it was last kept; the
     /// leases found gone, each named (the caller checks whether their keys went with them).
+    /// A keep-alive that fails for a transient cause leaves its lease due for the next round;
+    /// only [`FAILED_ROUNDS_TOLERATED`] rounds in a row with such a failure end the run (its
+    /// restart connects afresh), as in compact mode: one lost answer is not worth a restart
+    /// that lets short leases run out meanwhile.
     pub(super) async fn keep_due(&mut self) -> Result<Vec<String>, Stop> {
+        let mut first_error = None;
+        let gone = self.keep_due_once(&mut first_error).await?;
+        match first_error {
+            None => self.failed_rounds = 0,
+            Some(e) => {
+                self.failed_rounds += 1;
+                if self.failed_rounds >= FAILED_ROUNDS_TOLERATED {
+                    return Err(e.into());
+                }
+                warn!(error = %e, failed = self.failed_rounds, "a target keep-alive failed: retrying at the next round");
+            }
+        }
+        Ok(gone)
+    }
+
+    async fn keep_due_once(&mut self, first_error: &mut Option<EtcdError>) -> Result<Vec<String>, Stop> {
         let due: Vec<i64> = self
             .held
             .iter()
@@ -198,9 +236,16 @@ impl TargetLeases {
             .collect();
         let mut gone = Vec::new();
         for id in due {
-            if !self.keep(id).await? {
-                gone.push(self.describe(id));
-                self.held.remove(&id);
+            match self.keep(id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    gone.push(self.describe(id));
+                    self.held.remove(&id);
+                }
+                Err(Stop::Etcd(e)) if e.class() == ErrorClass::Transient => {
+                    *first_error = first_error.take().or(Some(e));
+                }
+                Err(stop) => return Err(stop),
             }
         }
         Ok(gone)
@@ -209,7 +254,13 @@ impl TargetLeases {
     /// One keep-alive; false when the lease is gone.
     async fn keep(&mut self, id: i64) -> Result<bool, Stop> {
         let mut client = self.target.lease_client();
-        match unary("lease keep-alive", Side::Target, self.timeout, client.keep_alive(id)).await {
+        let keep_alive = async {
+            if failpoint::unanswered_keep_alive() {
+                std::future::pending::<()>().await;
+            }
+            client.keep_alive(id).await
+        };
+        match unary("lease keep-alive", Side::Target, self.timeout, keep_alive).await {
             Ok(_) => {}
             Err(e) if e.fault == Fault::LeaseNotFound => return Ok(false),
             Err(e) => return Err(e.into()),
@@ -247,5 +298,15 @@ pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
         if let Err(stop) = leases.keep_due().await {
             return stop;
         }
+    }
+}
+
+/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
+mod failpoint {
+    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N`: the first N target keep-alives of the
+    /// process get no answer (they run into `request_timeout`), as over a stale connection.
+    pub(super) fn unanswered_keep_alive() -> bool {
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        mirror_core::failpoint::within_first("UNANSWERED_KEEP_ALIVES", &CALLS)
     }
 }

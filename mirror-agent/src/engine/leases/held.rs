@@ -233,12 +233,20 @@ impl Leases {
         }
         let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
         self.gone = waiting;
-        for (id, _) in ready {
+        for (id, at) in ready {
             match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
                 Ok(_) => self.revoked_total += 1,
                 Err(e) if e.fault == Fault::LeaseNotFound => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    // Still to revoke at the next round.
+                    self.gone.push((id, at));
+                    first_error = first_error.or(Some(e.into()));
+                }
             }
+        }
+        if first_error.is_some() {
+            // What failed is due again at once: the keeper retries a transient failure.
+            self.next_tick = None;
         }
         lapsed.sort_unstable();
         match first_error {
@@ -262,7 +270,14 @@ async fn look_at(
     }
     // A stream for one request: etcd-client sends the request, reads the answer and fails
     // with "lease not found" on a TTL of 0.
-    match unary("lease keep-alive", Side::Target, timeout, target.lease_client().keep_alive(id)).await {
+    let mut client = target.lease_client();
+    let keep_alive = async {
+        if failpoint::unanswered_keep_alive() {
+            std::future::pending::<()>().await;
+        }
+        client.keep_alive(id).await
+    };
+    match unary("lease keep-alive", Side::Target, timeout, keep_alive).await {
         Ok(_) => Ok(Looked::Kept(id)),
         Err(e) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
         Err(e) => Err(e.into()),
@@ -327,4 +342,15 @@ async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Resu
     let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
     let at = resp.header().map_or(0, |h| h.revision());
     Ok(Ttl { granted: (resp.ttl() >= 0).then_some(resp.granted_ttl()), at })
+}
+
+/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
+mod failpoint {
+    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N`: the first N target keep-alives of the
+    /// process get no answer (they run into `request_timeout`), as over a connection a network
+    /// cut left stale.
+    pub(super) fn unanswered_keep_alive() -> bool {
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        mirror_core::failpoint::within_first("UNANSWERED_KEEP_ALIVES", &CALLS)
+    }
 }

@@ -1,0 +1,43 @@
+//! Preserved leases: what the lease keeper does on its own task while the engine runs.
+
+use harness::load_leased_keys;
+
+use super::*;
+
+/// A target keep-alive that gets no answer in time (as over a connection a network cut left
+/// stale, the official CI's `leases-lapsed-on-target` failure) is the lease keeper's to retry:
+/// the run goes on, the lease is kept alive by the retry, and nothing restarts. Before, the
+/// first one ended the run; its restart re-read both ranges while leases with a TTL of a few
+/// seconds ran out on the target and took their keys with them.
+#[tokio::test]
+async fn an_unanswered_keep_alive_is_retried_and_the_run_goes_on() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, _) = pair.clients().await;
+    load_leased_keys(&mut src, "/kl/", 20, 16, Some((0x77, 1))).await.unwrap();
+    // progress_interval 1 s: a keep-alive every second, whatever the lease's TTL.
+    let cfg = fast_progress(pair.config("keep-alive", "/kl/"))
+        .overlay("[sync]\nleases = \"preserve\"\nrequest_timeout = \"1s\"")
+        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "2");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+
+    // Logged either way: as the keeper's retry, or as the error that ended the run.
+    let unanswered = "lease keep-alive on target";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while agent.log().matches(unanswered).count() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no keep-alive went unanswered:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A few rounds after the failpoint is spent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = agent.status().await.unwrap();
+    assert_eq!(status.watch_restarts, 0, "the run restarted:\n{}", agent.log());
+    assert!(status.last_error.is_none(), "the run ended: {:?}", status.last_error);
+    assert_eq!(status.leases.preserved, 1);
+    assert!(agent.log().contains("a lease round failed: retrying"));
+    assert!(
+        status.leases.keepalive_lag_seconds < 2.5,
+        "the lease was not kept alive since: {} s",
+        status.leases.keepalive_lag_seconds
+    );
+}

@@ -47,7 +47,8 @@ impl Run<'_> {
         if pass.is_ok() {
             pass = self.scan(r0, cursor, prune).await;
         }
-        if pass.is_ok() && prune && !self.buffering.ended() {
+        let scanned = pass.is_ok() && !self.buffering.ended();
+        if scanned && prune {
             // Prune owed: sweep target keys whose source no longer has them.
             pass = self.sweep(r0).await;
         }
@@ -57,7 +58,12 @@ impl Run<'_> {
             // says why; were it ever to end quietly, the watch is gone all the same.
             let buffered = self.buffering.stop().await;
             pass?;
-            return Err(buffered.err().unwrap_or(EngineError::RestartGenesis(Restart::WatchEndedDuringScan)));
+            return match buffered.err() {
+                Some(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) if scanned => {
+                    self.rewatch_after_sweep(r0).await
+                }
+                e => Err(e.unwrap_or(EngineError::RestartGenesis(Restart::WatchEndedDuringScan))),
+            };
         }
         let scan_end = self.source_revision().await?;
         let mut end = Some(scan_end);
@@ -88,6 +94,30 @@ impl Run<'_> {
                 self.tail(watch, None).await
             }
         }
+    }
+
+    /// The buffer filled during the prune sweep, after a whole scan: the sweep went on to its
+    /// end ([`Run::sweep`]), and the tail now watches again from R0 + 1, as the buffered watch
+    /// would have delivered it, and replays to the source's revision now. SPEC §5 restarts
+    /// genesis for an overflow while scanning; after the scan a restart only scanned the
+    /// whole range again and began the sweep again, which on a busy source overflowed again
+    /// (scenario `sweep-outlasts-buffer`: 7 restarts before). Only a source that compacted
+    /// past R0 meanwhile restarts genesis.
+    async fn rewatch_after_sweep(&mut self, r0: i64) -> Result<(), EngineError> {
+        warn!(
+            from = r0 + 1,
+            "the watch buffer filled during the prune sweep; the sweep went on, re-watching from R0 + 1"
+        );
+        let watch = match self.open_watch(r0 + 1).await {
+            Ok(w) => w,
+            Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
+                return Err(EngineError::RestartGenesis(Restart::CompactedDuringScan))
+            }
+            Err(e) => return Err(e),
+        };
+        let scan_end = self.source_revision().await?;
+        info!(r0, scan_end, "scan and sweep done; replaying to scan_end");
+        self.tail(watch, Some((scan_end, Buffered::default()))).await
     }
 
     /// Applies the revisions buffered during the scan and sweep while the forwarder goes on

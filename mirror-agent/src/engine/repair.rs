@@ -68,12 +68,8 @@ impl Run<'_> {
         info!("prune sweep started");
         loop {
             self.engine.stop_if_shutting_down()?;
-            if self.buffering.ended() {
-                // The watch buffer is full (or the watch ended): genesis restarts; a sweep
-                // that went on would leave the watch unread (see `buffering`).
-                info!(deleted, "prune sweep stopped: the watch buffer ended");
-                return Ok(());
-            }
+            // A full watch buffer does not stop the sweep: the tail watches again from R0 + 1
+            // after it (`Run::genesis`), where a restart would scan everything again.
             let orphan = sweep.next_orphan().await?;
             let done = orphan.is_none();
             let full = match orphan {

@@ -19,9 +19,15 @@ pub fn armed(name: &str) -> Option<String> {
     }
 }
 
-/// Whether this call is one of the first N of the process, for failpoint `name` armed with N;
-/// `calls` counts them (one static per hook).
+/// Whether this call is one of those failpoint `name` is armed for: `N`, the first N calls of
+/// the process, or `A..B`, the calls numbered A to B - 1 from 0; `calls` counts them (one
+/// static per hook).
 pub fn within_first(name: &str, calls: &std::sync::atomic::AtomicU64) -> bool {
-    let Some(n) = armed(name).and_then(|v| v.parse::<u64>().ok()) else { return false };
-    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n
+    let Some(armed) = armed(name) else { return false };
+    let (from, to) = match armed.split_once("..") {
+        Some((a, b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(0)),
+        None => (0, armed.parse().unwrap_or(0)),
+    };
+    let call: u64 = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (from..to).contains(&call)
 }

@@ -41,3 +41,33 @@ async fn an_unanswered_keep_alive_is_retried_and_the_run_goes_on() {
         status.leases.keepalive_lag_seconds
     );
 }
+
+/// The keeper's round holds its lock only to start and to end: a keep-alive waiting for its
+/// answer (here the first, unanswered until `request_timeout`, 10 s) holds up no write. A put
+/// made while it waits lands at once, before the round gives up on it. Before, every Txn took
+/// the lock the round held through its calls, so the tail stood still for the whole timeout.
+#[tokio::test]
+async fn a_keep_alive_waiting_for_its_answer_holds_up_no_write() {
+    let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let (mut src, mut dst) = pair.clients().await;
+    load_leased_keys(&mut src, "/kw/", 20, 16, Some((0x78, 1))).await.unwrap();
+    let cfg = fast_progress(pair.config("keep-alive-wait", "/kw/"))
+        .overlay("[sync]\nleases = \"preserve\"\nrequest_timeout = \"10s\"")
+        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "1");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    // The first keep-alive (one or two seconds after the scan granted the lease: a round every
+    // second, the lease due a second after its grant) is waiting now, until about 12 s.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    src.put("/kw/during", "1", None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while dst.get("/kw/during", None).await.unwrap().count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the put never landed:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !agent.log().contains("lease keep-alive on target"),
+        "the put landed only after the keep-alive gave up:\n{}",
+        agent.log()
+    );
+}

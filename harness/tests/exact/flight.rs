@@ -214,3 +214,42 @@ async fn unanswered_keep_alives_are_retried_and_the_run_goes_on() {
     assert!(agent.status().await.unwrap().last_error.is_none());
     keeper.abort();
 }
+
+/// A keep-alive waiting for its answer holds up no revision: the tail's round is awaited beside
+/// the watch and the Txns in flight. The snapshot's 30 s lease is kept at the adoption (answered)
+/// and next a third of its TTL later, where the keep-alive gets no answer until
+/// `request_timeout` (8 s); a put made meanwhile lands at once, before the round gives up on it.
+/// Before, the tail ran its keep-alives inline and stood still for the whole timeout.
+#[tokio::test]
+async fn a_keep_alive_waiting_for_its_answer_holds_up_no_revision() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    let lease = src.lease_grant(30, None).await.unwrap().id();
+    let keeper = keep_alive(src.clone(), lease);
+    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr")
+        .overlay("[sync]\nrequest_timeout = \"8s\"")
+        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "1..2");
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+
+    // The second keep-alive went out 10 s after the adoption and waits until about 18 s.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    src.put("/registry/pods/during", "1", None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while dst.get("/registry/pods/during", None).await.unwrap().count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the put never landed:\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !agent.log().contains("a target keep-alive failed"),
+        "the put landed only after the keep-alive gave up:\n{}",
+        agent.log()
+    );
+    assert_exact(&agent, &mut src, &mut dst, "after the keep-alive").await;
+    keeper.abort();
+}

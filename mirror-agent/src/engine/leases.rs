@@ -284,12 +284,17 @@ impl Shared {
     }
 
     /// A round at `watermark`: keep-alives due, revokes the watermark has passed, and leases a
-    /// keep-alive found lapsed granted again (then true: a reconcile pass is owed).
+    /// keep-alive found lapsed granted again (then true: a reconcile pass is owed). The lock is
+    /// held only to start and to end it ([`Leases::start_round`]): a keep-alive waiting for its
+    /// answer holds up no write.
     async fn round(&self, watermark: i64) -> Result<bool, EngineError> {
         let sync = self.sync();
         let (every, timeout) = (sync.progress_interval.get(), sync.request_timeout.get());
+        let Some(round) = self.held.lock().await.start_round(watermark, every) else { return Ok(false) };
+        let looks = held::look(&self.source, &self.target, round.due.clone(), timeout).await;
+        let revokes = held::revoke(&self.target, &round.ready, timeout).await;
         let mut held = self.held.lock().await;
-        let lapsed = held.tick(&self.source, &self.target, watermark, every, timeout).await?;
+        let lapsed = held.end_round(&round, looks, revokes)?;
         let owed = !lapsed.is_empty();
         if owed {
             // The repair is owed whatever the grant does: its writes grant what is still

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, TxnOp};
+use futures::StreamExt as _;
 use mirror_core::{unary, Config, ErrorClass, EtcdError, ExactRevision, Fault, Side};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -205,15 +206,67 @@ impl TargetLeases {
         Ok(())
     }
 
-    /// Keeps alive every lease a third of whose TTL has passed since it was last kept; the
+    /// Keeps alive every lease a third of whose TTL has passed since it was last kept, and
+    /// waits for the answers ([`TargetLeases::start_round`], then [`TargetLeases::kept`]); the
     /// leases found gone, each named (the caller checks whether their keys went with them).
-    /// A keep-alive that fails for a transient cause leaves its lease due for the next round;
-    /// only [`FAILED_ROUNDS_TOLERATED`] rounds in a row with such a failure end the run (its
-    /// restart connects afresh), as in compact mode: one lost answer is not worth a restart
-    /// that lets short leases run out meanwhile.
     pub(super) async fn keep_due(&mut self) -> Result<Vec<String>, Stop> {
+        let answers = self.start_round().await;
+        self.kept(answers)
+    }
+
+    /// A round of keep-alives for every lease due, all at once, as a future that holds nothing
+    /// of `self`: the tail awaits it beside the watch and the Txns in flight, so a keep-alive
+    /// that waits for its answer (up to `request_timeout`) holds up no revision.
+    pub(super) fn start_round(&self) -> impl std::future::Future<Output = Round> + Send + 'static {
+        let due: Vec<i64> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.kept.elapsed() >= Duration::from_secs((h.ttl / 3).max(1) as u64))
+            .map(|(id, _)| *id)
+            .collect();
+        let (target, timeout) = (self.target.clone(), self.timeout);
+        async move {
+            let sent = Instant::now();
+            let answers = futures::stream::iter(due)
+                .map(|id| {
+                    let target = target.clone();
+                    async move { (id, keep_alive(&target, id, timeout).await) }
+                })
+                .buffer_unordered(KEEP_ALIVES_IN_FLIGHT)
+                .collect()
+                .await;
+            Round { sent, answers }
+        }
+    }
+
+    /// Takes in the answers of a round: a lease kept counts as kept when the round was sent; one
+    /// found gone is forgotten and named. A lease no longer held (revoked meanwhile) or granted
+    /// again since the round was sent is passed over. A keep-alive that failed for a transient cause leaves its lease due for the next
+    /// round; only [`FAILED_ROUNDS_TOLERATED`] rounds in a row with such a failure end the run
+    /// (its restart connects afresh), as in compact mode: one lost answer is not worth a
+    /// restart that lets short leases run out meanwhile.
+    pub(super) fn kept(&mut self, round: Round) -> Result<Vec<String>, Stop> {
+        let mut gone = Vec::new();
         let mut first_error = None;
-        let gone = self.keep_due_once(&mut first_error).await?;
+        for (id, answer) in round.answers {
+            // Revoked meanwhile, or granted again after the round was sent: not this answer's.
+            if self.held.get(&id).is_none_or(|h| h.kept > round.sent) {
+                continue;
+            }
+            match answer {
+                Ok(true) => {
+                    if let Some(h) = self.held.get_mut(&id) {
+                        h.kept = round.sent;
+                    }
+                }
+                Ok(false) => {
+                    gone.push(self.describe(id));
+                    self.held.remove(&id);
+                }
+                Err(e) if e.class() == ErrorClass::Transient => first_error = first_error.or(Some(e)),
+                Err(e) => return Err(e.into()),
+            }
+        }
         match first_error {
             None => self.failed_rounds = 0,
             Some(e) => {
@@ -227,48 +280,13 @@ impl TargetLeases {
         Ok(gone)
     }
 
-    async fn keep_due_once(&mut self, first_error: &mut Option<EtcdError>) -> Result<Vec<String>, Stop> {
-        let due: Vec<i64> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.kept.elapsed() >= Duration::from_secs((h.ttl / 3).max(1) as u64))
-            .map(|(id, _)| *id)
-            .collect();
-        let mut gone = Vec::new();
-        for id in due {
-            match self.keep(id).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    gone.push(self.describe(id));
-                    self.held.remove(&id);
-                }
-                Err(Stop::Etcd(e)) if e.class() == ErrorClass::Transient => {
-                    *first_error = first_error.take().or(Some(e));
-                }
-                Err(stop) => return Err(stop),
-            }
-        }
-        Ok(gone)
-    }
-
     /// One keep-alive; false when the lease is gone.
     async fn keep(&mut self, id: i64) -> Result<bool, Stop> {
-        let mut client = self.target.lease_client();
-        let keep_alive = async {
-            if failpoint::unanswered_keep_alive() {
-                std::future::pending::<()>().await;
-            }
-            client.keep_alive(id).await
-        };
-        match unary("lease keep-alive", Side::Target, self.timeout, keep_alive).await {
-            Ok(_) => {}
-            Err(e) if e.fault == Fault::LeaseNotFound => return Ok(false),
-            Err(e) => return Err(e.into()),
-        }
-        if let Some(h) = self.held.get_mut(&id) {
+        let kept = keep_alive(&self.target, id, self.timeout).await?;
+        if let (true, Some(h)) = (kept, self.held.get_mut(&id)) {
             h.kept = Instant::now();
         }
-        Ok(true)
+        Ok(kept)
     }
 
     /// A lease in words, for a message.
@@ -289,6 +307,34 @@ impl TargetLeases {
     }
 }
 
+/// The answers of one round of keep-alives ([`TargetLeases::start_round`]).
+pub(super) struct Round {
+    /// When the round was sent: a lease it kept lives a TTL from then at least.
+    sent: Instant,
+    answers: Vec<(i64, Result<bool, EtcdError>)>,
+}
+
+/// Keep-alives of one round in flight at once.
+const KEEP_ALIVES_IN_FLIGHT: usize = 64;
+
+/// One keep-alive of target lease `id`, a stream opened for one request and its answer; false
+/// when the target no longer knows the lease (etcd-client fails with "lease not found" on a TTL
+/// of 0).
+async fn keep_alive(target: &Client, id: i64, timeout: Duration) -> Result<bool, EtcdError> {
+    let mut client = target.lease_client();
+    let keep_alive = async {
+        if failpoint::unanswered_keep_alive() {
+            std::future::pending::<()>().await;
+        }
+        client.keep_alive(id).await
+    };
+    match unary("lease keep-alive", Side::Target, timeout, keep_alive).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.fault == Fault::LeaseNotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Keeps `leases` alive every second until a keep-alive fails (then the reason); for a caller
 /// busy with something else (the seed's proof) to race against.
 pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
@@ -303,8 +349,9 @@ pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
 
 /// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
 mod failpoint {
-    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N`: the first N target keep-alives of the
-    /// process get no answer (they run into `request_timeout`), as over a stale connection.
+    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N` (or `A..B`): the first N target keep-alives
+    /// of the process (those numbered A to B - 1) get no answer (they run into
+    /// `request_timeout`), as over a stale connection.
     pub(super) fn unanswered_keep_alive() -> bool {
         static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         mirror_core::failpoint::within_first("UNANSWERED_KEEP_ALIVES", &CALLS)

@@ -100,6 +100,8 @@ impl<'c> Tail<'c> {
         reporter.set_phase(Phase::Syncing, Reason::Syncing);
         let mut flight = Flight::new(self.cfg.sync.exact_txns_in_flight as usize);
         let mut keep = tokio::time::interval(KEEP_CHECK);
+        // The keep-alives of a round, awaited beside the watch and the Txns in flight.
+        let mut keeping = None;
         // The source's compaction is learned on a task of its own: each probe waits up to a
         // second for etcd's answer, which the tail must not (it stalled every revision behind).
         let (learned, mut source_compacted) = tokio::sync::watch::channel(0i64);
@@ -150,8 +152,10 @@ impl<'c> Tail<'c> {
                         )))
                     }
                 },
-                _ = keep.tick() => {
-                    let gone = leases.keep_due().await?;
+                _ = keep.tick(), if keeping.is_none() => keeping = Some(Box::pin(leases.start_round())),
+                round = async { keeping.as_mut().expect("a round in flight").await }, if keeping.is_some() => {
+                    keeping = None;
+                    let gone = leases.kept(round)?;
                     if !gone.is_empty() {
                         self.check_fence(&format!("; {} ran out or was revoked", gone.join(", "))).await?;
                     }

@@ -37,8 +37,8 @@ pub(super) struct Leases {
     next_tick: Option<Instant>,
 }
 
-/// What a look at one lease found ([`Leases::tick`]).
-enum Looked {
+/// What a look at one lease found ([`look`]).
+pub(super) enum Looked {
     /// Kept alive on the target.
     Kept(i64),
     /// The source's is gone, seen at this source revision.
@@ -176,24 +176,19 @@ impl Leases {
         named
     }
 
-    /// Looks at the leases that are due (module doc): keeps alive those whose source lease
-    /// lives, marks the others gone, and revokes those the watermark has passed. Returns the
-    /// leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
-    /// again and puts their keys back.
-    pub(super) async fn tick(
-        &mut self,
-        source: &Client,
-        target: &Client,
-        watermark: i64,
-        every: Duration,
-        timeout: Duration,
-    ) -> Result<Vec<i64>, EngineError> {
+    /// The start of a round (module doc): the leases due a look, and those gone on the source
+    /// whose expiry the watermark has passed, taken to be revoked; `None` when nothing is due
+    /// or the last round was less than a second ago. The round's calls run without the
+    /// keeper's lock ([`look`], [`revoke`]): the engine's writes, which take it to attach
+    /// leases, never wait for a keep-alive's answer; [`Leases::end_round`] takes in what they
+    /// found.
+    pub(super) fn start_round(&mut self, watermark: i64, every: Duration) -> Option<Round> {
         let now = Instant::now();
         if !self.enabled
             || (self.granted.is_empty() && self.gone.is_empty())
             || self.next_tick.is_some_and(|next| now < next)
         {
-            return Ok(Vec::new());
+            return None;
         }
         self.next_tick = Some(now + Duration::from_secs(1));
         let mut lag = Duration::ZERO;
@@ -206,44 +201,47 @@ impl Leases {
             lag = lag.max(now.duration_since(g.kept));
         }
         self.keepalive_lag = lag;
-        let looks: Vec<Result<Looked, EngineError>> = futures::stream::iter(due)
-            .map(|id| look_at(source, target, id, timeout))
-            .buffer_unordered(LOOKS_IN_FLIGHT)
-            .collect()
-            .await;
+        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
+        self.gone = waiting;
+        Some(Round { sent: now, due, ready })
+    }
+
+    /// The end of a round: what its looks found and which revokes failed (still owed). Returns
+    /// the leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
+    /// again and puts their keys back. A look at a lease no longer held, or granted again since
+    /// the round started (a write found it lapsed meanwhile), is passed over.
+    pub(super) fn end_round(
+        &mut self,
+        round: &Round,
+        looks: Vec<Result<Looked, EngineError>>,
+        revokes: Revokes,
+    ) -> Result<Vec<i64>, EngineError> {
         let mut lapsed = Vec::new();
         let mut first_error = None;
+        // Granted (again) since the round started: what the look found is not about it.
+        let looked_at = |held: &Leases, id: &i64| held.granted.get(id).is_some_and(|g| g.kept <= round.sent);
         for look in looks {
             match look {
                 Ok(Looked::Kept(id)) => {
                     if let Some(g) = self.granted.get_mut(&id) {
-                        g.kept = now;
+                        g.kept = g.kept.max(round.sent);
                     }
                 }
-                Ok(Looked::Gone(id, at)) => {
+                Ok(Looked::Gone(id, at)) if looked_at(self, &id) => {
                     self.granted.remove(&id);
                     self.gone.push((id, at));
                 }
-                Ok(Looked::Lapsed(id)) => {
+                Ok(Looked::Lapsed(id)) if looked_at(self, &id) => {
                     self.granted.remove(&id);
                     lapsed.push(id);
                 }
+                Ok(Looked::Gone(..) | Looked::Lapsed(_)) => {}
                 Err(e) => first_error = first_error.or(Some(e)),
             }
         }
-        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
-        self.gone = waiting;
-        for (id, at) in ready {
-            match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
-                Ok(_) => self.revoked_total += 1,
-                Err(e) if e.fault == Fault::LeaseNotFound => {}
-                Err(e) => {
-                    // Still to revoke at the next round.
-                    self.gone.push((id, at));
-                    first_error = first_error.or(Some(e.into()));
-                }
-            }
-        }
+        self.revoked_total += revokes.done;
+        self.gone.extend(revokes.owed);
+        first_error = first_error.or(revokes.error);
         if first_error.is_some() {
             // What failed is due again at once: the keeper retries a transient failure.
             self.next_tick = None;
@@ -255,6 +253,59 @@ impl Leases {
             _ => Ok(lapsed),
         }
     }
+}
+
+/// One round of the keeper ([`Leases::start_round`]).
+pub(super) struct Round {
+    /// When it started: a lease it kept alive lives a TTL from then at least.
+    sent: Instant,
+    /// The leases due a look.
+    pub(super) due: Vec<i64>,
+    /// Leases gone on the source whose expiry the watermark has passed: to revoke, with the
+    /// revision they were seen gone at.
+    pub(super) ready: Vec<(i64, i64)>,
+}
+
+/// Looks at the leases of `ids` (below [`LOOKS_IN_FLIGHT`] at once), without the keeper's lock.
+pub(super) async fn look(
+    source: &Client,
+    target: &Client,
+    ids: Vec<i64>,
+    timeout: Duration,
+) -> Vec<Result<Looked, EngineError>> {
+    futures::stream::iter(ids)
+        .map(|id| look_at(source, target, id, timeout))
+        .buffer_unordered(LOOKS_IN_FLIGHT)
+        .collect()
+        .await
+}
+
+/// What the revokes of a round did ([`revoke`]).
+#[derive(Default)]
+pub(super) struct Revokes {
+    /// Revoked, or found gone already.
+    done: u64,
+    /// Not revoked (ID, revision seen gone): owed still, at the next round.
+    owed: Vec<(i64, i64)>,
+    /// The first failure.
+    error: Option<EngineError>,
+}
+
+/// Revokes the target leases of `ready` (ID, revision seen gone), one after another, without
+/// the keeper's lock; one that fails stays owed, so nothing ready is dropped.
+pub(super) async fn revoke(target: &Client, ready: &[(i64, i64)], timeout: Duration) -> Revokes {
+    let mut out = Revokes::default();
+    for &(id, at) in ready {
+        match unary("lease revoke", Side::Target, timeout, target.lease_client().revoke(id)).await {
+            Ok(_) => out.done += 1,
+            Err(e) if e.fault == Fault::LeaseNotFound => out.done += 1,
+            Err(e) => {
+                out.owed.push((id, at));
+                out.error = out.error.or(Some(e.into()));
+            }
+        }
+    }
+    out
 }
 
 /// One due lease: its source TTL, then one keep-alive on the target while the source's lives.

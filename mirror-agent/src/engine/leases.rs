@@ -283,18 +283,25 @@ impl Shared {
         held.ensure_ids(&self.source, &self.target, lapsed, self.timeout()).await
     }
 
-    /// A round at `watermark`: keep-alives due, revokes the watermark has passed, and leases a
-    /// keep-alive found lapsed granted again (then true: a reconcile pass is owed). The lock is
-    /// held only to start and to end it ([`Leases::start_round`]): a keep-alive waiting for its
-    /// answer holds up no write.
+    /// A round at `watermark`: keep-alives due, revokes the watermark has passed (those the
+    /// looks found gone included), and leases a keep-alive found lapsed granted again (then
+    /// true: a reconcile pass is owed). The lock is taken only between the calls
+    /// ([`Leases::start_round`]): a keep-alive waiting for its answer holds up no write. A
+    /// failure ends the round with an error, unless leases were found lapsed: then the repair
+    /// is owed first (the keeper's task retries the failure at once).
     async fn round(&self, watermark: i64) -> Result<bool, EngineError> {
         let sync = self.sync();
         let (every, timeout) = (sync.progress_interval.get(), sync.request_timeout.get());
-        let Some(round) = self.held.lock().await.start_round(watermark, every) else { return Ok(false) };
+        let Some(round) = self.held.lock().await.start_round(every) else { return Ok(false) };
         let looks = held::look(&self.source, &self.target, round.due.clone(), timeout).await;
-        let revokes = held::revoke(&self.target, &round.ready, timeout).await;
+        let (lapsed, looked, ready) = {
+            let mut held = self.held.lock().await;
+            let (lapsed, looked) = held.end_looks(&round, looks);
+            (lapsed, looked, held.take_ready(watermark))
+        };
+        let revokes = held::revoke(&self.target, &ready, timeout).await;
         let mut held = self.held.lock().await;
-        let lapsed = held.end_round(&round, looks, revokes)?;
+        let failed = looked.or(held.end_revokes(revokes));
         let owed = !lapsed.is_empty();
         if owed {
             // The repair is owed whatever the grant does: its writes grant what is still
@@ -304,7 +311,10 @@ impl Shared {
             }
         }
         self.report(&held);
-        Ok(owed)
+        match failed {
+            Some(e) if !owed => Err(e),
+            _ => Ok(owed),
+        }
     }
 
     /// `leases` of the status.

@@ -176,13 +176,13 @@ impl Leases {
         named
     }
 
-    /// The start of a round (module doc): the leases due a look, and those gone on the source
-    /// whose expiry the watermark has passed, taken to be revoked; `None` when nothing is due
+    /// The start of a round (module doc): the leases due a look; `None` when nothing is held
     /// or the last round was less than a second ago. The round's calls run without the
     /// keeper's lock ([`look`], [`revoke`]): the engine's writes, which take it to attach
-    /// leases, never wait for a keep-alive's answer; [`Leases::end_round`] takes in what they
-    /// found.
-    pub(super) fn start_round(&mut self, watermark: i64, every: Duration) -> Option<Round> {
+    /// leases, never wait for a keep-alive's answer. [`Leases::end_looks`] takes in what the
+    /// looks found, [`Leases::take_ready`] the leases to revoke (those found gone included) and
+    /// [`Leases::end_revokes`] which revokes failed.
+    pub(super) fn start_round(&mut self, every: Duration) -> Option<Round> {
         let now = Instant::now();
         if !self.enabled
             || (self.granted.is_empty() && self.gone.is_empty())
@@ -201,21 +201,18 @@ impl Leases {
             lag = lag.max(now.duration_since(g.kept));
         }
         self.keepalive_lag = lag;
-        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
-        self.gone = waiting;
-        Some(Round { sent: now, due, ready })
+        Some(Round { sent: now, due })
     }
 
-    /// The end of a round: what its looks found and which revokes failed (still owed). Returns
-    /// the leases a keep-alive found lapsed on the target, forgotten here: the caller grants them
-    /// again and puts their keys back. A look at a lease no longer held, or granted again since
-    /// the round started (a write found it lapsed meanwhile), is passed over.
-    pub(super) fn end_round(
+    /// What the looks of `round` found: the leases a keep-alive found lapsed on the target,
+    /// forgotten here (the caller grants them again and puts their keys back), and the first
+    /// failure. A look at a lease no longer held, or granted again since the round started (a
+    /// write found it lapsed meanwhile), is passed over.
+    pub(super) fn end_looks(
         &mut self,
         round: &Round,
         looks: Vec<Result<Looked, EngineError>>,
-        revokes: Revokes,
-    ) -> Result<Vec<i64>, EngineError> {
+    ) -> (Vec<i64>, Option<EngineError>) {
         let mut lapsed = Vec::new();
         let mut first_error = None;
         // Granted (again) since the round started: what the look found is not about it.
@@ -239,19 +236,31 @@ impl Leases {
                 Err(e) => first_error = first_error.or(Some(e)),
             }
         }
-        self.revoked_total += revokes.done;
-        self.gone.extend(revokes.owed);
-        first_error = first_error.or(revokes.error);
         if first_error.is_some() {
             // What failed is due again at once: the keeper retries a transient failure.
             self.next_tick = None;
         }
         lapsed.sort_unstable();
-        match first_error {
-            // The lapsed are forgotten: say so before the error ends the round.
-            Some(e) if lapsed.is_empty() => Err(e),
-            _ => Ok(lapsed),
+        (lapsed, first_error)
+    }
+
+    /// The leases gone on the source whose expiry the watermark has passed, taken to be
+    /// revoked (ID, revision seen gone): the revoke deletes nothing the source still holds.
+    pub(super) fn take_ready(&mut self, watermark: i64) -> Vec<(i64, i64)> {
+        let (ready, waiting): (Vec<_>, Vec<_>) = self.gone.drain(..).partition(|(_, at)| *at <= watermark);
+        self.gone = waiting;
+        ready
+    }
+
+    /// What the revokes did: a revoke that failed is owed still, at the next round, retried at
+    /// once; the first failure.
+    pub(super) fn end_revokes(&mut self, revokes: Revokes) -> Option<EngineError> {
+        self.revoked_total += revokes.done;
+        self.gone.extend(revokes.owed);
+        if revokes.error.is_some() {
+            self.next_tick = None;
         }
+        revokes.error
     }
 }
 
@@ -261,9 +270,6 @@ pub(super) struct Round {
     sent: Instant,
     /// The leases due a look.
     pub(super) due: Vec<i64>,
-    /// Leases gone on the source whose expiry the watermark has passed: to revoke, with the
-    /// revision they were seen gone at.
-    pub(super) ready: Vec<(i64, i64)>,
 }
 
 /// Looks at the leases of `ids` (below [`LOOKS_IN_FLIGHT`] at once), without the keeper's lock.

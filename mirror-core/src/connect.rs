@@ -392,6 +392,32 @@ pub async fn unary<T>(
     }
 }
 
+/// One keep-alive of target lease `id` under a deadline: a stream opened for one request and
+/// its answer (etcd-client's supported API; it fails with "lease not found" on a TTL of 0).
+/// False when the target no longer knows the lease.
+pub async fn keep_alive_once(target: &Client, id: i64, deadline: Duration) -> Result<bool, EtcdError> {
+    let mut client = target.lease_client();
+    let keep_alive = async {
+        if unanswered_keep_alive() {
+            std::future::pending::<()>().await;
+        }
+        client.keep_alive(id).await
+    };
+    match unary("lease keep-alive", Side::Target, deadline, keep_alive).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.fault == Fault::LeaseNotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Failpoint `UNANSWERED_KEEP_ALIVES=N` (or `A..B`): the first N keep-alives of the process
+/// (those numbered A to B - 1) get no answer and run into their deadline, as over a connection
+/// a network cut left stale.
+fn unanswered_keep_alive() -> bool {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    crate::failpoint::armed_for_call("UNANSWERED_KEEP_ALIVES", &CALLS)
+}
+
 /// Parses `major.minor.patch` (ignoring any suffix) for version gates.
 pub fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
     let mut it = v.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());

@@ -3,7 +3,7 @@
 //! of the agent alone, the release image included) nothing is ever armed and the hooks compile
 //! to nothing. The hooks themselves live where they act: `mirror-fence`'s writer
 //! (`DROP_CHECKPOINT_EVERY`), the agent's coalesced deletes (`FOREIGN_PUT_AFTER_COALESCE_READ`),
-//! the lease keeper's keep-alives (`UNANSWERED_KEEP_ALIVES`), `failover`
+//! every lease keep-alive (`UNANSWERED_KEEP_ALIVES`, `keep_alive_once`), `failover`
 //! (`FAILOVER_MOVE_FENCE`) and `cutover` without `--wait` (`DETACHED_CLAIM_WAIT`).
 
 /// The value of failpoint `name` when it is armed (set and not empty).
@@ -22,7 +22,7 @@ pub fn armed(name: &str) -> Option<String> {
 /// Whether this call is one of those failpoint `name` is armed for: `N`, the first N calls of
 /// the process, or `A..B`, the calls numbered A to B - 1 from 0; `calls` counts them (one
 /// static per hook).
-pub fn within_first(name: &str, calls: &std::sync::atomic::AtomicU64) -> bool {
+pub fn armed_for_call(name: &str, calls: &std::sync::atomic::AtomicU64) -> bool {
     let Some(armed) = armed(name) else { return false };
     let (from, to) = match armed.split_once("..") {
         Some((a, b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(0)),

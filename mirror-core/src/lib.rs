@@ -62,8 +62,9 @@ pub use config::{
     Reconcile, Revisions, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, connect_reachable, connect_to, parse_version, probe_members, progress_notify_trustworthy, unary,
-    MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
+    connect, connect_reachable, connect_to, keep_alive_once, parse_version, probe_members,
+    progress_notify_trustworthy, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
+    UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{

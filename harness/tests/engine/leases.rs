@@ -4,6 +4,20 @@ use harness::load_leased_keys;
 
 use super::*;
 
+/// An agent synced over 20 source keys under lease 0x77 under `prefix`, with leases preserved,
+/// a keep-alive every second (`progress_interval`), `request_timeout` as given and the target
+/// keep-alives `unanswered` names left without an answer (failpoint `UNANSWERED_KEEP_ALIVES`).
+async fn leased_link(pair: &Pair, prefix: &str, request_timeout: &str, unanswered: &str) -> AgentProcess {
+    let (mut src, _) = pair.clients().await;
+    load_leased_keys(&mut src, prefix, 20, 16, Some((0x77, 1))).await.unwrap();
+    let cfg = fast_progress(pair.config("keep-alive", prefix))
+        .overlay(&format!("[sync]\nleases = \"preserve\"\nrequest_timeout = {request_timeout:?}"))
+        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", unanswered);
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    synced(&agent).await;
+    agent
+}
+
 /// A target keep-alive that gets no answer in time (as over a connection a network cut left
 /// stale, the official CI's `leases-lapsed-on-target` failure) is the lease keeper's to retry:
 /// the run goes on, the lease is kept alive by the retry, and nothing restarts. Before, the
@@ -12,14 +26,7 @@ use super::*;
 #[tokio::test]
 async fn an_unanswered_keep_alive_is_retried_and_the_run_goes_on() {
     let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
-    let (mut src, _) = pair.clients().await;
-    load_leased_keys(&mut src, "/kl/", 20, 16, Some((0x77, 1))).await.unwrap();
-    // progress_interval 1 s: a keep-alive every second, whatever the lease's TTL.
-    let cfg = fast_progress(pair.config("keep-alive", "/kl/"))
-        .overlay("[sync]\nleases = \"preserve\"\nrequest_timeout = \"1s\"")
-        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "2");
-    let agent = AgentProcess::start(&cfg).await.unwrap();
-    synced(&agent).await;
+    let agent = leased_link(&pair, "/kl/", "1s", "2").await;
 
     // Logged either way: as the keeper's retry, or as the error that ended the run.
     let unanswered = "lease keep-alive on target";
@@ -42,20 +49,15 @@ async fn an_unanswered_keep_alive_is_retried_and_the_run_goes_on() {
     );
 }
 
-/// The keeper's round holds its lock only to start and to end: a keep-alive waiting for its
+/// The keeper's round takes its lock only between its calls: a keep-alive waiting for its
 /// answer (here the first, unanswered until `request_timeout`, 10 s) holds up no write. A put
 /// made while it waits lands at once, before the round gives up on it. Before, every Txn took
 /// the lock the round held through its calls, so the tail stood still for the whole timeout.
 #[tokio::test]
 async fn a_keep_alive_waiting_for_its_answer_holds_up_no_write() {
     let pair = Pair::start(EtcdVersion::V3_5_30, EtcdVersion::V3_5_30).await;
+    let agent = leased_link(&pair, "/kw/", "10s", "1").await;
     let (mut src, mut dst) = pair.clients().await;
-    load_leased_keys(&mut src, "/kw/", 20, 16, Some((0x78, 1))).await.unwrap();
-    let cfg = fast_progress(pair.config("keep-alive-wait", "/kw/"))
-        .overlay("[sync]\nleases = \"preserve\"\nrequest_timeout = \"10s\"")
-        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "1");
-    let agent = AgentProcess::start(&cfg).await.unwrap();
-    synced(&agent).await;
     // The first keep-alive (one or two seconds after the scan granted the lease: a round every
     // second, the lease due a second after its grant) is waiting now, until about 12 s.
     tokio::time::sleep(Duration::from_secs(4)).await;

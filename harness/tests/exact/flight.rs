@@ -6,7 +6,7 @@ use std::time::Duration;
 use etcd_client::{Client, PutOptions, Txn, TxnOp};
 use harness::exact::{etcdctl_watch, exact_config, seed};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
-use harness::{load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion, Scraped};
+use harness::{load_keys, AgentConfig, AgentProcess, Churn, EtcdCluster, EtcdVersion, Scraped};
 use mirror_core::Phase;
 
 use super::{assert_exact, cluster, keep_alive};
@@ -100,28 +100,35 @@ async fn a_catch_up_over_the_decode_limit_is_read_in_fragments() {
     );
 }
 
-/// An exact link seeded while the source keeps a 3 s lease alive with a key under it (as a
+/// An exact link seeded while the source keeps a lease alive with a key under it (as a
 /// Kubernetes master lease), its agent started and caught up with a first write.
 struct LeasedLink {
     source: EtcdCluster,
     target: EtcdCluster,
     src: Client,
     dst: Client,
-    cfg: harness::AgentConfig,
+    cfg: AgentConfig,
     agent: AgentProcess,
     /// Keeps the lease alive on the source until aborted.
     keeper: tokio::task::JoinHandle<()>,
 }
 
+/// [`LeasedLink`] with a 3 s lease.
 async fn seeded_with_a_short_lease() -> LeasedLink {
+    seeded_with_a_lease(3, |cfg| cfg).await
+}
+
+/// [`seeded_with_a_short_lease`] with a lease of `ttl` seconds and the agent's config passed
+/// through `tune` first.
+async fn seeded_with_a_lease(ttl: i64, tune: impl FnOnce(AgentConfig) -> AgentConfig) -> LeasedLink {
     let source = cluster(EtcdVersion::V3_5_30).await;
     let mut target = cluster(EtcdVersion::V3_5_30).await;
     let mut src = source.client().await.unwrap();
-    let lease = src.lease_grant(3, None).await.unwrap().id();
+    let lease = src.lease_grant(ttl, None).await.unwrap().id();
     let keeper = keep_alive(src.clone(), lease);
     src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
     seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr");
+    let cfg = tune(exact_config(&source, &target, "k8s-dr"));
     let agent = AgentProcess::start(&cfg).await.unwrap();
     src.put("/registry/pods/first", "1", None).await.unwrap();
     let mut dst = target.client().await.unwrap();
@@ -184,20 +191,12 @@ async fn a_paused_link_writes_nothing_and_keeps_the_leases_alive() {
 /// Before, the first ended the run.
 #[tokio::test]
 async fn unanswered_keep_alives_are_retried_and_the_run_goes_on() {
-    let source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    let lease = src.lease_grant(10, None).await.unwrap().id();
-    let keeper = keep_alive(src.clone(), lease);
-    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr")
-        .overlay("[sync]\nrequest_timeout = \"1s\"")
-        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "3");
-    let agent = AgentProcess::start(&cfg).await.unwrap();
-    src.put("/registry/pods/first", "1", None).await.unwrap();
-    let mut dst = target.client().await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    let LeasedLink { source: _source, target: _target, mut src, mut dst, cfg: _, agent, keeper } =
+        seeded_with_a_lease(10, |cfg| {
+            cfg.overlay("[sync]\nrequest_timeout = \"1s\"")
+                .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "3")
+        })
+        .await;
 
     tokio::time::sleep(Duration::from_secs(20)).await;
     let log = agent.log();
@@ -222,20 +221,12 @@ async fn unanswered_keep_alives_are_retried_and_the_run_goes_on() {
 /// Before, the tail ran its keep-alives inline and stood still for the whole timeout.
 #[tokio::test]
 async fn a_keep_alive_waiting_for_its_answer_holds_up_no_revision() {
-    let source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    let lease = src.lease_grant(30, None).await.unwrap().id();
-    let keeper = keep_alive(src.clone(), lease);
-    src.put("/registry/masterleases/a", "10.0.0.1", Some(PutOptions::new().with_lease(lease))).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr")
-        .overlay("[sync]\nrequest_timeout = \"8s\"")
-        .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "1..2");
-    let agent = AgentProcess::start(&cfg).await.unwrap();
-    src.put("/registry/pods/first", "1", None).await.unwrap();
-    let mut dst = target.client().await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the seed").await;
+    let LeasedLink { source: _source, target: _target, mut src, mut dst, cfg: _, agent, keeper } =
+        seeded_with_a_lease(30, |cfg| {
+            cfg.overlay("[sync]\nrequest_timeout = \"8s\"")
+                .env("MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES", "1..2")
+        })
+        .await;
 
     // The second keep-alive went out 10 s after the adoption and waits until about 18 s.
     tokio::time::sleep(Duration::from_secs(12)).await;

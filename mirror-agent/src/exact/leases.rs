@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions, LeaseTimeToLiveOptions, TxnOp};
 use futures::StreamExt as _;
-use mirror_core::{unary, Config, ErrorClass, EtcdError, ExactRevision, Fault, Side};
+use mirror_core::{keep_alive_once, unary, Config, ErrorClass, EtcdError, ExactRevision, Fault, Side};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -230,7 +230,7 @@ impl TargetLeases {
             let answers = futures::stream::iter(due)
                 .map(|id| {
                     let target = target.clone();
-                    async move { (id, keep_alive(&target, id, timeout).await) }
+                    async move { (id, keep_alive_once(&target, id, timeout).await) }
                 })
                 .buffer_unordered(KEEP_ALIVES_IN_FLIGHT)
                 .collect()
@@ -282,7 +282,7 @@ impl TargetLeases {
 
     /// One keep-alive; false when the lease is gone.
     async fn keep(&mut self, id: i64) -> Result<bool, Stop> {
-        let kept = keep_alive(&self.target, id, self.timeout).await?;
+        let kept = keep_alive_once(&self.target, id, self.timeout).await?;
         if let (true, Some(h)) = (kept, self.held.get_mut(&id)) {
             h.kept = Instant::now();
         }
@@ -317,24 +317,6 @@ pub(super) struct Round {
 /// Keep-alives of one round in flight at once.
 const KEEP_ALIVES_IN_FLIGHT: usize = 64;
 
-/// One keep-alive of target lease `id`, a stream opened for one request and its answer; false
-/// when the target no longer knows the lease (etcd-client fails with "lease not found" on a TTL
-/// of 0).
-async fn keep_alive(target: &Client, id: i64, timeout: Duration) -> Result<bool, EtcdError> {
-    let mut client = target.lease_client();
-    let keep_alive = async {
-        if failpoint::unanswered_keep_alive() {
-            std::future::pending::<()>().await;
-        }
-        client.keep_alive(id).await
-    };
-    match unary("lease keep-alive", Side::Target, timeout, keep_alive).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.fault == Fault::LeaseNotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 /// Keeps `leases` alive every second until a keep-alive fails (then the reason); for a caller
 /// busy with something else (the seed's proof) to race against.
 pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
@@ -344,16 +326,5 @@ pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
         if let Err(stop) = leases.keep_due().await {
             return stop;
         }
-    }
-}
-
-/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
-mod failpoint {
-    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N` (or `A..B`): the first N target keep-alives
-    /// of the process (those numbered A to B - 1) get no answer (they run into
-    /// `request_timeout`), as over a stale connection.
-    pub(super) fn unanswered_keep_alive() -> bool {
-        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        mirror_core::failpoint::within_first("UNANSWERED_KEEP_ALIVES", &CALLS)
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, LeaseGrantOptions};
 use futures::StreamExt as _;
-use mirror_core::{unary, EtcdError, Fault, Op, Side};
+use mirror_core::{keep_alive_once, unary, EtcdError, Fault, Op, Side};
 use tokio::time::Instant;
 use tracing::info;
 
@@ -325,19 +325,9 @@ async fn look_at(
     if ttl.granted.is_none() {
         return Ok(Looked::Gone(id, ttl.at));
     }
-    // A stream for one request: etcd-client sends the request, reads the answer and fails
-    // with "lease not found" on a TTL of 0.
-    let mut client = target.lease_client();
-    let keep_alive = async {
-        if failpoint::unanswered_keep_alive() {
-            std::future::pending::<()>().await;
-        }
-        client.keep_alive(id).await
-    };
-    match unary("lease keep-alive", Side::Target, timeout, keep_alive).await {
-        Ok(_) => Ok(Looked::Kept(id)),
-        Err(e) if e.fault == Fault::LeaseNotFound => Ok(Looked::Lapsed(id)),
-        Err(e) => Err(e.into()),
+    match keep_alive_once(target, id, timeout).await? {
+        true => Ok(Looked::Kept(id)),
+        false => Ok(Looked::Lapsed(id)),
     }
 }
 
@@ -399,15 +389,4 @@ async fn ttl_of(client: &Client, side: Side, id: i64, timeout: Duration) -> Resu
     let resp = unary("lease ttl", side, timeout, client.lease_client().time_to_live(id, None)).await?;
     let at = resp.header().map_or(0, |h| h.revision());
     Ok(Ttl { granted: (resp.ttl() >= 0).then_some(resp.granted_ttl()), at })
-}
-
-/// Test hooks, armed only with the `failpoints` feature (`mirror_core::failpoint`).
-mod failpoint {
-    /// `MIRROR_FAILPOINT_UNANSWERED_KEEP_ALIVES=N`: the first N target keep-alives of the
-    /// process get no answer (they run into `request_timeout`), as over a connection a network
-    /// cut left stale.
-    pub(super) fn unanswered_keep_alive() -> bool {
-        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        mirror_core::failpoint::within_first("UNANSWERED_KEEP_ALIVES", &CALLS)
-    }
 }

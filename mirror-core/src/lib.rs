@@ -51,6 +51,7 @@ pub mod testing;
 pub mod tls;
 mod tls_alert;
 mod units;
+mod version;
 pub mod watch_split;
 
 pub use auth::{read_password, Auth};
@@ -62,9 +63,8 @@ pub use config::{
     Reconcile, Revisions, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, connect_reachable, connect_to, keep_alive_once, parse_version, probe_members,
-    progress_notify_trustworthy, unary, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT,
-    UNKNOWN_VERSION,
+    connect, connect_reachable, connect_to, keep_alive_once, probe_members, unary, MemberInfo, Probe,
+    KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{
@@ -83,3 +83,4 @@ pub use status::{
 };
 pub use stride::Stride;
 pub use units::{ByteSize, HumanDuration};
+pub use version::{parse_version, progress_notify_trustworthy};

@@ -1,6 +1,6 @@
 //! The source watch kept read through long passes (issue #20 defect 3): the engine's side of
 //! [`mirror_watch::Forwarder`], which owns the reading and its rules. [`Buffering`] is a
-//! component of its own (no `impl Run`): it holds the forwarder of the pass that runs, and says
+//! component of its own: it holds the forwarder of the pass that runs, and says
 //! what each way it ends means for the run.
 
 use mirror_core::{EtcdError, Fault, KeyRewriter, Side};

@@ -1,7 +1,7 @@
 //! `confirmed_time`: when the source was last seen at or below the watermark (SPEC §5,
 //! Failover). What a failover would lose is at most what the source took since.
 //!
-//! [`Confirmer`] is a component of its own (no `impl Run`): it owns what the source last said
+//! [`Confirmer`] is a component of its own: it owns what the source last said
 //! about its revision and the confirm read in flight, and says when a checkpoint-only Txn is
 //! owed; the tail commits it.
 

@@ -13,8 +13,10 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
+use super::link::{Link, Step};
+use super::tail::Tail;
 use super::{
-    EngineError, Restart, ResyncCause, Run, SCAN_READ_AHEAD, SCAN_SPAN_BYTES, SCAN_SPAN_TIME, SCAN_SPAN_TXNS,
+    EngineError, Restart, ResyncCause, SCAN_READ_AHEAD, SCAN_SPAN_BYTES, SCAN_SPAN_TIME, SCAN_SPAN_TXNS,
     SCAN_TXNS_IN_FLIGHT,
 };
 
@@ -22,11 +24,27 @@ use super::{
 /// is applied with the watch unread for one short write.
 const REPLAY_TAIL_REVISIONS: usize = 64;
 
-impl Run<'_> {
-    /// Steps 4-7 of SPEC §5 from a claimed `{scanning: true, watermark: r0}`.
-    pub(super) async fn genesis(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
-        self.engine.set_phase(Phase::InitialSync);
-        let watch = match self.open_watch(r0 + 1).await {
+/// Genesis (SPEC §5 steps 4-7), from a claimed `{scanning: true, watermark: r0}`: the scan
+/// resumes after `cursor`, and with `prune` a sweep follows it.
+pub(super) struct Genesis {
+    r0: i64,
+    cursor: Vec<u8>,
+    prune: bool,
+    /// The count of the range at R0 for `initial_sync.total_keys`, beside the scan.
+    counting: Option<Counting>,
+}
+
+impl Genesis {
+    pub(super) fn new(r0: i64, cursor: Vec<u8>, prune: bool, counting: Counting) -> Genesis {
+        Genesis { r0, cursor, prune, counting: Some(counting) }
+    }
+
+    /// Steps 4-7 of SPEC §5; hands back the tail, which replays what the scan left to
+    /// `scan_end` and then follows the source.
+    pub(super) async fn run(mut self, link: &mut Link<'_>) -> Result<Step, EngineError> {
+        let (r0, prune) = (self.r0, self.prune);
+        link.engine.set_phase(Phase::InitialSync);
+        let watch = match link.open_watch(r0 + 1).await {
             Ok(w) => w,
             Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
                 return Err(EngineError::Resync(ResyncCause::CompactedDuringScan))
@@ -37,38 +55,38 @@ impl Run<'_> {
         // left the watch unread let etcd compact past it (issue #20 defect 3).
         // The watch opens first: the foreign-link check reads the whole destination range, and
         // a compaction during it used to cancel a watch opened afterwards at R0 + 1.
-        let limit = self.cfg().sync.watch_buffer_bytes.bytes() as usize;
-        self.buffering.start(watch, r0, limit);
+        let limit = link.cfg().sync.watch_buffer_bytes.bytes() as usize;
+        link.buffering.start(watch, r0, limit);
         let mut pass = Ok(());
-        if prune && self.prunes_everything() {
+        if prune && link.prunes_everything() {
             // Before the first data write, not only before the sweep.
-            pass = self.refuse_foreign_links().await;
+            pass = link.refuse_foreign_links().await;
         }
         if pass.is_ok() {
-            pass = self.scan(r0, cursor, prune).await;
+            pass = self.scan(link).await;
         }
-        let scanned = pass.is_ok() && !self.buffering.ended();
+        let scanned = pass.is_ok() && !link.buffering.ended();
         if scanned && prune {
             // Prune owed: sweep target keys whose source no longer has them.
-            pass = self.sweep(r0).await;
+            pass = link.sweep(r0).await;
         }
-        if pass.is_err() || self.buffering.ended() {
+        if pass.is_err() || link.buffering.ended() {
             // A full buffer or a compacted watch before the scan and sweep were done: said
             // by `Buffering::stop` (genesis restarts). A forwarder that ended by itself always
             // says why; were it ever to end quietly, the watch is gone all the same.
-            let buffered = self.buffering.stop().await;
+            let buffered = link.buffering.stop().await;
             pass?;
             return match buffered.err() {
                 Some(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) if scanned => {
-                    self.rewatch_after_sweep(r0).await
+                    rewatch_after_sweep(link, r0).await
                 }
                 e => Err(e.unwrap_or(EngineError::RestartGenesis(Restart::WatchEndedDuringScan))),
             };
         }
-        let scan_end = self.source_revision().await?;
-        let mut end = Some(scan_end);
-        let replayed = self.replay_buffered(&mut end).await;
-        let buffered = self.buffering.stop().await;
+        let scan_end = link.source_revision().await?;
+        let mut tail = Tail::new(Some(scan_end));
+        let replayed = replay_buffered(&mut tail, link).await;
+        let buffered = link.buffering.stop().await;
         let replayed = replayed?;
         let (watch, rest) = match buffered {
             Ok(buffered) => buffered,
@@ -76,69 +94,65 @@ impl Run<'_> {
             // has landed in order, so the tail watches again from the watermark, as after a
             // reconcile pass. Genesis restarts only for a compaction.
             Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
-                let from = self.writer().record().watermark + 1;
+                let from = link.writer().record().watermark + 1;
                 warn!(
                     from,
                     "the watch buffer filled during the genesis replay; re-watching from the watermark"
                 );
-                (self.open_watch(from).await?, Buffered::default())
+                (link.open_watch(from).await?, Buffered::default())
             }
             Err(e) => return Err(e),
         };
         info!(r0, scan_end, replayed, buffered = rest.len(), "scan done; replaying to scan_end");
-        match end {
-            Some(scan_end) => self.tail(watch, Some((scan_end, rest))).await,
-            // The replay already reached scan_end: the rest is the live tail's.
-            None => {
-                self.apply_revisions(rest, &mut end).await?;
-                self.tail(watch, None).await
-            }
+        // Where the replay already reached scan_end, the rest is the live tail's.
+        Ok(Step::Tail(tail, Box::new(watch), rest))
+    }
+}
+
+/// The buffer filled during the prune sweep, after a whole scan: the sweep went on to its
+/// end ([`Link::sweep`]), and the tail now watches again from R0 + 1, as the buffered watch
+/// would have delivered it, and replays to the source's revision now. SPEC §5 restarts
+/// genesis for an overflow while scanning; after the scan a restart only scanned the
+/// whole range again and began the sweep again, which on a busy source overflowed again
+/// (scenario `sweep-outlasts-buffer`: 7 restarts before). Only a source that compacted
+/// past R0 meanwhile restarts genesis.
+async fn rewatch_after_sweep(link: &mut Link<'_>, r0: i64) -> Result<Step, EngineError> {
+    warn!(
+        from = r0 + 1,
+        "the watch buffer filled during the prune sweep; the sweep went on, re-watching from R0 + 1"
+    );
+    let watch = match link.open_watch(r0 + 1).await {
+        Ok(w) => w,
+        Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
+            return Err(EngineError::RestartGenesis(Restart::CompactedDuringScan))
+        }
+        Err(e) => return Err(e),
+    };
+    let scan_end = link.source_revision().await?;
+    info!(r0, scan_end, "scan and sweep done; replaying to scan_end");
+    Ok(Step::Tail(Tail::new(Some(scan_end)), Box::new(watch), Buffered::default()))
+}
+
+/// Applies the revisions buffered during the scan and sweep while the forwarder goes on
+/// reading the watch: a backlog of a minute at 1 000 writes/s takes seconds to write, and
+/// a watch left unread that long on a busy source is one etcd compacts past (sweep-under-load
+/// with 4 096-key pages: one forced `WatchCompacted` resync in three runs). Takes until a
+/// take finds at most [`REPLAY_TAIL_REVISIONS`] (the rest is applied after the forwarder
+/// stops) or the forwarder ends; returns how many revisions it applied.
+async fn replay_buffered(tail: &mut Tail, link: &mut Link<'_>) -> Result<usize, EngineError> {
+    let mut replayed = 0;
+    loop {
+        let taken = link.buffering.take().await;
+        let n = taken.len();
+        tail.apply_revisions(link, taken).await?;
+        replayed += n;
+        if n <= REPLAY_TAIL_REVISIONS {
+            return Ok(replayed);
         }
     }
+}
 
-    /// The buffer filled during the prune sweep, after a whole scan: the sweep went on to its
-    /// end ([`Run::sweep`]), and the tail now watches again from R0 + 1, as the buffered watch
-    /// would have delivered it, and replays to the source's revision now. SPEC §5 restarts
-    /// genesis for an overflow while scanning; after the scan a restart only scanned the
-    /// whole range again and began the sweep again, which on a busy source overflowed again
-    /// (scenario `sweep-outlasts-buffer`: 7 restarts before). Only a source that compacted
-    /// past R0 meanwhile restarts genesis.
-    async fn rewatch_after_sweep(&mut self, r0: i64) -> Result<(), EngineError> {
-        warn!(
-            from = r0 + 1,
-            "the watch buffer filled during the prune sweep; the sweep went on, re-watching from R0 + 1"
-        );
-        let watch = match self.open_watch(r0 + 1).await {
-            Ok(w) => w,
-            Err(EngineError::Etcd(e)) if e.class() == ErrorClass::Resync => {
-                return Err(EngineError::RestartGenesis(Restart::CompactedDuringScan))
-            }
-            Err(e) => return Err(e),
-        };
-        let scan_end = self.source_revision().await?;
-        info!(r0, scan_end, "scan and sweep done; replaying to scan_end");
-        self.tail(watch, Some((scan_end, Buffered::default()))).await
-    }
-
-    /// Applies the revisions buffered during the scan and sweep while the forwarder goes on
-    /// reading the watch: a backlog of a minute at 1 000 writes/s takes seconds to write, and
-    /// a watch left unread that long on a busy source is one etcd compacts past (sweep-under-load
-    /// with 4 096-key pages: one forced `WatchCompacted` resync in three runs). Takes until a
-    /// take finds at most [`REPLAY_TAIL_REVISIONS`] (the rest is applied after the forwarder
-    /// stops) or the forwarder ends; returns how many revisions it applied.
-    async fn replay_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<usize, EngineError> {
-        let mut replayed = 0;
-        loop {
-            let taken = self.buffering.take().await;
-            let n = taken.len();
-            self.apply_revisions(taken, scan_end).await?;
-            replayed += n;
-            if n <= REPLAY_TAIL_REVISIONS {
-                return Ok(replayed);
-            }
-        }
-    }
-
+impl Genesis {
     /// Step 5: the scan, pipelined (SPEC §9's hint).
     ///
     /// A reader task ([`ChunkedScan`]) fetches pages and cuts them into Txn-sized chunks of
@@ -157,21 +171,22 @@ impl Run<'_> {
     /// lease keeper's task, neither waiting for a span end. The fence holds: a takeover moves
     /// the mod revision and every stale Txn fails; a chunk that failed is redone through the
     /// fenced, judged commit path.
-    pub(super) async fn scan(&mut self, r0: i64, cursor: Vec<u8>, prune: bool) -> Result<(), EngineError> {
-        let cfg = self.engine.cfg.sync.clone();
+    async fn scan(&mut self, link: &mut Link<'_>) -> Result<(), EngineError> {
+        let (r0, prune, cursor) = (self.r0, self.prune, std::mem::take(&mut self.cursor));
+        let cfg = link.engine.cfg.sync.clone();
         let scanner = Scanner::new(
-            self.source.kv_client(),
-            &self.engine.rewriter,
+            link.source.kv_client(),
+            &link.engine.rewriter,
             cfg.page_key_limit,
             cfg.page_bytes.bytes() as usize,
             cfg.request_timeout.get(),
         )
         .resume_after(&cursor);
-        let cutter = ChunkCutter::new(self.chunker(), self.engine.rewriter.clone(), r0);
+        let cutter = ChunkCutter::new(link.chunker(), link.engine.rewriter.clone(), r0);
         let mut chunks = ChunkedScan::start(scanner, cutter, SCAN_READ_AHEAD);
         let mut span = Span::default();
         let mut writes = SpanWrites::default();
-        let mut data = self.writer().data_writer();
+        let mut data = link.writer().data_writer();
         let mut opened = Instant::now();
         loop {
             // In this order, the next chunk last: the read-ahead is nearly always ready, and an
@@ -181,109 +196,109 @@ impl Run<'_> {
             let chunk = tokio::select! {
                 biased;
                 Some((chunk, landed)) = writes.in_flight.next(), if !writes.in_flight.is_empty() => {
-                    self.data_txn_ended(&mut writes, chunk, landed);
+                    data_txn_ended(link, &mut writes, chunk, landed);
                     continue;
                 }
-                _ = self.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
+                _ = link.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 // Applied between chunks: a rate at once; a pause or new connection settings
                 // stop the scan, which resumes after its cursor.
-                _ = super::tail::reload_changed(&mut self.engine.reload) => {
-                    self.engine.apply_reload()?;
-                    self.reconfigure();
+                _ = super::tail::reload_changed(&mut link.engine.reload) => {
+                    link.engine.apply_reload()?;
+                    link.reconfigure();
                     continue;
                 }
                 counted = super::tail::join_some(&mut self.counting) => {
-                    self.counted(counted)?;
+                    self.counted(link, counted)?;
                     continue;
                 }
                 chunk = chunks.next(), if writes.in_flight.len() < SCAN_TXNS_IN_FLIGHT => chunk,
             };
             let Some(chunk) = chunk else { break };
             let chunk = chunk?;
-            if self.buffering.ended() {
+            if link.buffering.ended() {
                 // It stops early only on overflow or a compacted watch: said by
                 // `Buffering::stop`.
                 return Ok(());
             }
-            self.applier.as_ref().expect("fence claimed").pace(chunk.ops.len()).await?;
+            link.applier.as_ref().expect("fence claimed").pace(chunk.ops.len()).await?;
             if let Some(chunk) = span.push(chunk) {
-                let (txn, data) = (self.leases.txn_ops(&chunk.ops).await?, data.clone());
+                let (txn, data) = (link.leases.txn_ops(&chunk.ops).await?, data.clone());
                 writes.in_flight.push(Box::pin(async move {
                     let landed = data.commit(txn).await;
                     (chunk, landed)
                 }));
             }
             if span.is_full(SCAN_SPAN_TXNS, SCAN_SPAN_BYTES) || opened.elapsed() >= SCAN_SPAN_TIME {
-                self.end_span(&mut span, &mut writes, r0, prune).await?;
-                data = self.writer().data_writer();
+                end_span(link, &mut span, &mut writes, r0, prune).await?;
+                data = link.writer().data_writer();
                 opened = Instant::now();
             }
         }
-        self.end_span(&mut span, &mut writes, r0, prune).await?;
+        end_span(link, &mut span, &mut writes, r0, prune).await?;
         if let Some(counting) = self.counting.as_mut() {
             let counted = counting.await;
-            self.counted(counted)?;
+            self.counted(link, counted)?;
         }
         // `total_keys` was a count of the scan windows at R0, which cannot leave out another
         // link's reserved keys there (a chain: an upstream link's checkpoint under our source
         // prefix); the scan skipped them, so the total does too now.
         let uncounted = chunks.finish().await;
-        self.engine
+        link.engine
             .update(|s| s.initial_sync.total_keys = s.initial_sync.total_keys.saturating_sub(uncounted));
         Ok(())
     }
+}
 
-    /// Ends a span: waits for its data-only Txns, redoes those that failed, then commits the
-    /// held chunk with the checkpoint that moves `scan_cursor` to its last key.
-    async fn end_span(
-        &mut self,
-        span: &mut Span,
-        writes: &mut SpanWrites,
-        r0: i64,
-        prune: bool,
-    ) -> Result<(), EngineError> {
-        let Some(last) = span.close() else { return Ok(()) };
-        while let Some((chunk, landed)) = writes.in_flight.next().await {
-            self.data_txn_ended(writes, chunk, landed);
-        }
-        for chunk in std::mem::take(&mut writes.failed) {
-            // Redo through the judged path: a moved fence surfaces as a FenceError there.
-            self.commit_keep(&chunk.ops).await?;
-            self.scanned(&chunk);
-        }
-        let next = self.writer().record().scan_progress(r0, last.cursor.clone(), prune);
-        self.commit_independent(&last.ops, next).await?;
-        self.scanned(&last);
-        Ok(())
+/// Ends a span: waits for its data-only Txns, redoes those that failed, then commits the
+/// held chunk with the checkpoint that moves `scan_cursor` to its last key.
+async fn end_span(
+    link: &mut Link<'_>,
+    span: &mut Span,
+    writes: &mut SpanWrites,
+    r0: i64,
+    prune: bool,
+) -> Result<(), EngineError> {
+    let Some(last) = span.close() else { return Ok(()) };
+    while let Some((chunk, landed)) = writes.in_flight.next().await {
+        data_txn_ended(link, writes, chunk, landed);
     }
+    for chunk in std::mem::take(&mut writes.failed) {
+        // Redo through the judged path: a moved fence surfaces as a FenceError there.
+        link.commit_keep(&chunk.ops).await?;
+        scanned(link, &chunk);
+    }
+    let next = link.writer().record().scan_progress(r0, last.cursor.clone(), prune);
+    link.commit_independent(&last.ops, next).await?;
+    scanned(link, &last);
+    Ok(())
+}
 
-    /// A data-only Txn answered: a chunk that landed counts, one that failed is kept for the
-    /// span end to redo.
-    fn data_txn_ended(&self, writes: &mut SpanWrites, chunk: ScanChunk, landed: bool) {
-        if landed {
-            self.scanned(&chunk);
-        } else {
-            writes.failed.push(chunk);
-        }
+/// A data-only Txn answered: a chunk that landed counts, one that failed is kept for the
+/// span end to redo.
+fn data_txn_ended(link: &Link<'_>, writes: &mut SpanWrites, chunk: ScanChunk, landed: bool) {
+    if landed {
+        scanned(link, &chunk);
+    } else {
+        writes.failed.push(chunk);
     }
+}
 
-    /// Takes a chunk that landed into `initial_sync.keys` as it lands, not at its span's end:
-    /// the progress figure moves with every Txn, however long a span runs.
-    fn scanned(&self, chunk: &ScanChunk) {
-        let keys = chunk.ops.len() as u64;
-        self.engine.update(|s| {
-            s.initial_sync.keys += keys;
-            s.keys_applied_total += keys;
-            s.lease_backed_keys += chunk.leased;
-        });
-    }
+/// Takes a chunk that landed into `initial_sync.keys` as it lands, not at its span's end:
+/// the progress figure moves with every Txn, however long a span runs.
+fn scanned(link: &Link<'_>, chunk: &ScanChunk) {
+    let keys = chunk.ops.len() as u64;
+    link.engine.update(|s| {
+        s.initial_sync.keys += keys;
+        s.keys_applied_total += keys;
+        s.lease_backed_keys += chunk.leased;
+    });
 }
 
 /// The range's key count at R0, taken beside the scan: (keys in scope, those of them at or
 /// before the cursor the scan resumed after).
 pub(super) type Counting = AbortOnDropHandle<Result<(u64, u64), EtcdError>>;
 
-impl Run<'_> {
+impl Genesis {
     /// Counts the scan windows at `r0` for `initial_sync.total_keys` (SPEC §5 step 2) beside
     /// the scan: a count-only Get walks every key of the range in etcd's index (0.2 s at
     /// 1 000 000 keys, most of what the time to the fence was), and nothing the scan does waits
@@ -292,12 +307,12 @@ impl Run<'_> {
     /// figures show the whole sync's progress, not only this run's. A source compacted past
     /// `r0` meanwhile is counted at its current revision instead (a progress figure; the
     /// scan's unpinned pages are not at `r0` either).
-    pub(super) fn start_counting(&mut self, r0: i64, cursor: &[u8]) {
-        let mut kv = self.source.kv_client();
-        let windows = self.engine.rewriter.scan_windows();
+    pub(super) fn count(link: &Link<'_>, r0: i64, cursor: &[u8]) -> Counting {
+        let mut kv = link.source.kv_client();
+        let windows = link.engine.rewriter.scan_windows();
         let left = (!cursor.is_empty()).then(|| windows_after(&windows, cursor));
-        let timeout = self.timeout();
-        self.counting = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+        let timeout = link.timeout();
+        AbortOnDropHandle::new(tokio::spawn(async move {
             let mut at = Some(r0);
             loop {
                 match count_both(&mut kv, &windows, left.as_deref(), at, timeout).await {
@@ -305,20 +320,21 @@ impl Run<'_> {
                     counted => return counted,
                 }
             }
-        })));
+        }))
     }
 
     /// Takes the count into status. A count that failed fails the run as a failed scan read
     /// does (the next run resumes after the scan's cursor).
     fn counted(
         &mut self,
+        link: &Link<'_>,
         counted: Result<Result<(u64, u64), EtcdError>, JoinError>,
     ) -> Result<(), EngineError> {
         self.counting = None;
         match counted {
             Ok(total) => {
                 let (total, done) = total?;
-                self.engine.update(|s| {
+                link.engine.update(|s| {
                     s.initial_sync.total_keys = total;
                     s.initial_sync.keys += done;
                 });

@@ -13,31 +13,42 @@
 //! - **G5** Every restart resumes from the checkpoint: mid-scan from `scan_cursor`, in the tail
 //!   from `watermark + 1`. Only a compaction past the needed revision forces a fresh genesis,
 //!   and that one always ends with a mark-and-sweep prune (of this link's keys only, unless
-//!   the mode is `overwrite_and_prune`: `Run::sweep`).
+//!   the mode is `overwrite_and_prune`: `Link::sweep`).
 //! - **G7** A corrupt checkpoint, another link's checkpoint, a newer epoch or role primary
 //!   stop all writes.
 //!
 //! ## Where each phase lives
+//! One connected run is a loop over phases ([`link::Link::drive`]): [`start::Start`] ->
+//! [`genesis::Genesis`] -> [`tail::Tail`]. Each phase is a type holding only its own state
+//! (the start plan's cause; R0, the scan cursor and the count beside the scan; `scan_end`, the
+//! drain, the idle proofs' spacing, member probes and confirm reads), runs against the
+//! [`link::Link`] it is handed, and hands back the next [`link::Step`].
 //! - `run_loop`: the outer loop (reconnect, backoff, fresh genesis, failed, cold standby).
 //! - `probe`: connecting both sides, member probes, version, cluster and direction checks.
+//! - `link`: [`link::Link`], the link while connected (clients, lease keeper, fenced applier,
+//!   watch and its replay buffer), the helpers every phase shares, and the loop over phases.
 //! - `plan`: the pure start planner (stored checkpoint, pending cause, clusters, range, mode ->
 //!   what to do first), unit-tested branch by branch.
-//! - `start`: carrying the plan out; the fence claim.
-//! - `genesis`: the buffered watch and the pipelined scan.
-//! - `tail`: watch responses, progress, timers (fence, members, TLS files, reconcile).
-//! - `apply`: whole revisions into fenced Txns, with retries by error class; big revisions.
-//! - `repair`: the prune sweep, the reconcile pass, drain verification and promotion.
+//! - `start`: the [`start::Start`] phase: carrying the plan out; the fence claim.
+//! - `genesis`: the [`genesis::Genesis`] phase: the buffered watch, the pipelined scan, the
+//!   prune sweep and the replay.
+//! - `tail`: the [`tail::Tail`] phase: watch responses, progress, timers (fence, members, TLS
+//!   files, reconcile), the drain.
+//! - `apply`: how the tail lands whole revisions in fenced Txns, with retries by error class;
+//!   big revisions.
+//! - `settle`: how the tail completes an initial sync or a drain on an idle source by
+//!   comparison.
+//! - `repair`: the tail's periodic reconcile pass and drain verification and promotion; the
+//!   comparisons and repairs any phase may ask of the link (the prune sweep among them).
 //! - `error`: [`EngineError`], how a run ends (class, reason, fix).
-//! - `run`: [`Run`], what one connected run holds, and the helpers every phase shares.
-//! - `settle`: completing an initial sync or a drain on an idle source by comparison.
-//! - `buffering`: the [`buffering::Buffering`], a component of its own (no `impl Run`): the
-//!   watch read into a replay buffer while a long pass runs.
-//! - `confirm`: the [`confirm::Confirmer`], a component of its own (no `impl Run`):
-//!   `confirmed_time`, when the source was last seen at or below the watermark.
-//! - `leases`: the [`leases::LeaseKeeper`], a component of its own (no `impl Run`): it owns the
-//!   target leases of a run, its two clients and its settings, and from the claim on keeps them
-//!   alive on a task of its own; the engine asks it for each Txn's etcd ops, and it tells the
-//!   tail when a reconcile pass is owed or why it stopped.
+//! - `buffering`: the [`buffering::Buffering`], a component of its own: the watch read into a
+//!   replay buffer while a long pass runs.
+//! - `confirm`: the [`confirm::Confirmer`], a component of its own: `confirmed_time`, when the
+//!   source was last seen at or below the watermark.
+//! - `leases`: the [`leases::LeaseKeeper`], a component of its own: it owns the target leases
+//!   of a run, its two clients and its settings, and from the claim on keeps them alive on a
+//!   task of its own; the engine asks it for each Txn's etcd ops, and it tells the tail when a
+//!   reconcile pass is owed or why it stopped.
 //!
 //! ## Why `scan_end` and not R0 ends the initial sync
 //! Pages are read unpinned, so a page may hold values newer than R0, and a key deleted after R0
@@ -70,7 +81,7 @@
 //! as well as at the end of genesis or a drain, so an idle prefix of a busy cluster keeps its
 //! lag near zero and a restart after a compaction at the head resumes instead of resyncing.
 //! When W itself was compacted (no count at W can be taken), genesis and drain fall back to
-//! settling by *comparison*: [`Run::settle_at`] merges the source pinned at X with
+//! settling by *comparison*: [`tail::Tail::settle_at`] merges the source pinned at X with
 //! the target. Target state is only ever moved toward the source's state at X:
 //! 1. Each difference is a change at a revision in (watermark, X] whose event has not been
 //!    applied yet; writing the source's value at X (or deleting) is exactly what applying the
@@ -95,7 +106,6 @@ use mirror_core::{AgentRole, Config, KeyRewriter, Phase, Status};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-mod apply;
 mod buffering;
 mod causes;
 mod commit;
@@ -105,13 +115,12 @@ mod error;
 mod genesis;
 mod ha;
 mod leases;
+mod link;
 mod plan;
 mod probe;
 mod refusal;
 mod repair;
-mod run;
 mod run_loop;
-mod settle;
 mod start;
 mod tail;
 
@@ -120,7 +129,6 @@ pub use error::EngineError;
 
 use probe::{members_reachable, tls_fingerprint};
 pub use refusal::Refusal;
-use run::Run;
 
 /// Data-only scan Txns in flight at once.
 const SCAN_TXNS_IN_FLIGHT: usize = 4;
@@ -141,7 +149,7 @@ const SCAN_SPAN_BYTES: usize = 32 << 20;
 /// drained and the checkpoint alone in flight.
 const SCAN_SPAN_TIME: Duration = Duration::from_secs(5);
 
-/// Comparisons in a row that find a draining target behind before [`Run::settle_at`] repairs.
+/// Comparisons in a row that find a draining target behind before [`tail::Tail::settle_at`] repairs.
 const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often an idle tail re-reads the fence.

@@ -1,5 +1,5 @@
 //! Connecting both sides: probe every member, check versions, clusters and direction, and hand
-//! a connected [`Run`] to the start planner.
+//! a connected [`Link`] to the start planner.
 
 use mirror_core::{
     connect_to, parse_version, probe_members, ConditionType, Config, EtcdError, Fault, Phase, Probe, Reason,
@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use mirror_fence::Applier;
 
-use super::{Engine, EngineError, Pending, Refusal, Run};
+use super::link::Link;
+use super::{Engine, EngineError, Pending, Refusal};
 
 impl Engine {
     /// A TLS failure before the link ever worked is a wrong config: permanent, named. After it
@@ -126,7 +127,7 @@ impl Engine {
         let target_kv = target.kv_client();
         let leases = super::leases::LeaseKeeper::new(sync, source.clone(), target, self.reporter.handle());
         let buffering = super::buffering::Buffering::new(self.rewriter.clone());
-        let mut run = Run {
+        let mut link = Link {
             engine: self,
             source,
             target_kv,
@@ -136,19 +137,13 @@ impl Engine {
             trust,
             applier: None,
             watch: None,
-            drain_target: None,
             tls_files,
-            drain_settles: 0,
-            next_idle_proof: None,
-            member_probe: None,
             buffering,
-            counting: None,
-            confirmer: super::confirm::Confirmer::default(),
         };
-        let result = run.start(pending).await;
-        let committed = run.applier.as_ref().map_or(0, |a| a.writer().mod_revision());
+        let result = link.drive(pending).await;
+        let committed = link.applier.as_ref().map_or(0, |a| a.writer().mod_revision());
         // The throttle curve goes on from this run's last write into the next run's.
-        if let Some(throttle) = run.applier.as_ref().map(Applier::throttle) {
+        if let Some(throttle) = link.applier.as_ref().map(Applier::throttle) {
             self.throttle = throttle;
         }
         self.target_committed = self.target_committed.max(committed);

@@ -7,27 +7,29 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::decide::paced_repair_drops_watch;
-use super::{EngineError, Refusal, Restart, ResyncCause, Run};
+use super::link::Link;
+use super::tail::Tail;
+use super::{EngineError, Refusal, Restart, ResyncCause};
 
-impl Run<'_> {
+impl Tail {
     /// The periodic reconcile pass of the tail with the watch buffered meanwhile
     /// ([`super::buffering::Buffering`]); afterwards the buffered revisions are applied. A full
     /// buffer does not cut the pass short (a paced repair may outlast any buffer): the watch is
     /// dropped then and re-opened from the watermark once the pass ends, as before buffering
     /// existed.
-    pub(super) async fn reconcile_buffered(&mut self, scan_end: &mut Option<i64>) -> Result<(), EngineError> {
-        let delete_orphans = self.cfg().reconcile.delete_orphans;
-        let Some(watch) = self.watch.take() else { return self.reconcile_pass(delete_orphans).await };
-        let floor = self.writer().record().watermark;
-        let limit = self.cfg().sync.watch_buffer_bytes.bytes() as usize;
-        self.buffering.start(watch, floor, limit);
-        let pass = self.reconcile_pass(delete_orphans).await;
-        let buffered = self.buffering.stop().await;
+    pub(super) async fn reconcile_buffered(&mut self, link: &mut Link<'_>) -> Result<(), EngineError> {
+        let delete_orphans = link.cfg().reconcile.delete_orphans;
+        let Some(watch) = link.watch.take() else { return link.reconcile_pass(delete_orphans).await };
+        let floor = link.writer().record().watermark;
+        let limit = link.cfg().sync.watch_buffer_bytes.bytes() as usize;
+        link.buffering.start(watch, floor, limit);
+        let pass = link.reconcile_pass(delete_orphans).await;
+        let buffered = link.buffering.stop().await;
         pass?;
         match buffered {
             Ok((watch, revisions)) => {
-                self.watch = Some(watch);
-                self.apply_revisions(revisions, scan_end).await
+                link.watch = Some(watch);
+                self.apply_revisions(link, revisions).await
             }
             Err(EngineError::RestartGenesis(Restart::WatchBufferOverflow)) => {
                 warn!("the watch buffer filled during the reconcile pass; re-watching from the watermark");
@@ -40,6 +42,71 @@ impl Run<'_> {
         }
     }
 
+    /// Drain, step 2 (SPEC §5): the watermark reached the drain target. Count both sides, repair
+    /// once if they differ, refuse if they still differ, else promote the target: the fence's
+    /// role becomes `primary`, so every later writer with the old view fails its compare.
+    pub(super) async fn verify_and_promote(
+        &mut self,
+        link: &mut Link<'_>,
+        drain_target: i64,
+    ) -> Result<(), EngineError> {
+        let mut counts = link.compare_at_watermark().await?;
+        if !counts.equal() {
+            warn!(
+                missing = counts.missing,
+                divergent = counts.divergent,
+                orphan = counts.orphan,
+                "drain: sides differ; one repair pass"
+            );
+            link.reconcile_pass(true).await?;
+            counts = link.compare_at_watermark().await?;
+        }
+        if !counts.equal() {
+            return Err(Refusal::DrainVerificationFailed {
+                watermark: link.writer().record().watermark,
+                missing: counts.missing,
+                divergent: counts.divergent,
+                orphan: counts.orphan,
+            }
+            .into());
+        }
+        let next = link.writer().record().promoted();
+        let drained = next.watermark;
+        link.commit_with_retry(&[], next).await?;
+        info!(
+            drained_revision = drained,
+            source_keys = counts.source_keys,
+            "cut over: the target is primary; no further writes"
+        );
+        link.watch = None;
+        link.engine.update(|s| {
+            s.role = AgentRole::Primary;
+            s.source_keys = Some(counts.source_keys);
+            s.target_keys = Some(counts.target_keys);
+            s.lease_backed_keys = counts.leased_keys;
+            s.cutover = Some(mirror_core::CutoverStatus {
+                drain_target_revision: drain_target,
+                drained_revision: drained,
+                verified_time: Some(now_rfc3339()),
+                source_keys: counts.source_keys,
+                target_keys: counts.target_keys,
+                leased_keys: counts.leased_keys,
+            });
+            s.set_condition(
+                ConditionType::CutoverReady,
+                true,
+                Reason::Verified,
+                format!("verified at source revision {drained}"),
+            );
+            s.set_condition(ConditionType::InvariantsHeld, true, Reason::CountsEqual, "");
+        });
+        link.engine.set_phase(Phase::Drained);
+        Ok(())
+    }
+}
+
+/// What every phase may ask of the link to compare and repair.
+impl Link<'_> {
     /// Mark-and-sweep: delete target keys (outside the reserved namespace) whose source key does
     /// not exist now. Changes after R0 are replayed afterwards, so deleting by the source's
     /// current state is safe. The orphans come from [`mirror_reconcile::Sweep`] (a keys-only merge-join),
@@ -69,7 +136,7 @@ impl Run<'_> {
         loop {
             self.engine.stop_if_shutting_down()?;
             // A full watch buffer does not stop the sweep: the tail watches again from R0 + 1
-            // after it (`Run::genesis`), where a restart would scan everything again.
+            // after it (`Genesis::run`), where a restart would scan everything again.
             let orphan = sweep.next_orphan().await?;
             let done = orphan.is_none();
             let full = match orphan {
@@ -93,7 +160,7 @@ impl Run<'_> {
     }
 
     /// Whether a prune deletes every orphan of the destination range (`overwrite_and_prune`), or
-    /// only those this link wrote (see [`Run::sweep`]).
+    /// only those this link wrote (see [`Link::sweep`]).
     pub(super) fn prunes_everything(&self) -> bool {
         self.cfg().initial_sync.mode == mirror_core::InitialSyncMode::OverwriteAndPrune
     }
@@ -102,7 +169,7 @@ impl Run<'_> {
     /// settle pass once deleted every orphan while a prune was owed, in `overwrite` mode too,
     /// which took keys from before the link). With `prune` owed in `overwrite_and_prune` mode:
     /// every orphan, after refusing a nested link. Otherwise: orphans this link wrote, never a
-    /// nested link's (see [`Run::sweep`]).
+    /// nested link's (see [`Link::sweep`]).
     pub(super) async fn orphan_scope(&mut self, prune: bool) -> Result<OrphanScope, EngineError> {
         if prune && self.prunes_everything() {
             self.refuse_foreign_links().await?;
@@ -150,64 +217,6 @@ impl Run<'_> {
         let mut differ = self.differ_at_watermark();
         while differ.next_difference().await?.is_some() {}
         Ok(differ.counts)
-    }
-
-    /// Drain, step 2 (SPEC §5): the watermark reached the drain target. Count both sides, repair
-    /// once if they differ, refuse if they still differ, else promote the target: the fence's
-    /// role becomes `primary`, so every later writer with the old view fails its compare.
-    pub(super) async fn verify_and_promote(&mut self, drain_target: i64) -> Result<(), EngineError> {
-        let mut counts = self.compare_at_watermark().await?;
-        if !counts.equal() {
-            warn!(
-                missing = counts.missing,
-                divergent = counts.divergent,
-                orphan = counts.orphan,
-                "drain: sides differ; one repair pass"
-            );
-            self.reconcile_pass(true).await?;
-            counts = self.compare_at_watermark().await?;
-        }
-        if !counts.equal() {
-            return Err(Refusal::DrainVerificationFailed {
-                watermark: self.writer().record().watermark,
-                missing: counts.missing,
-                divergent: counts.divergent,
-                orphan: counts.orphan,
-            }
-            .into());
-        }
-        let next = self.writer().record().promoted();
-        let drained = next.watermark;
-        self.commit_with_retry(&[], next).await?;
-        info!(
-            drained_revision = drained,
-            source_keys = counts.source_keys,
-            "cut over: the target is primary; no further writes"
-        );
-        self.watch = None;
-        self.engine.update(|s| {
-            s.role = AgentRole::Primary;
-            s.source_keys = Some(counts.source_keys);
-            s.target_keys = Some(counts.target_keys);
-            s.lease_backed_keys = counts.leased_keys;
-            s.cutover = Some(mirror_core::CutoverStatus {
-                drain_target_revision: drain_target,
-                drained_revision: drained,
-                verified_time: Some(now_rfc3339()),
-                source_keys: counts.source_keys,
-                target_keys: counts.target_keys,
-                leased_keys: counts.leased_keys,
-            });
-            s.set_condition(
-                ConditionType::CutoverReady,
-                true,
-                Reason::Verified,
-                format!("verified at source revision {drained}"),
-            );
-            s.set_condition(ConditionType::InvariantsHeld, true, Reason::CountsEqual, "");
-        });
-        self.engine.set_phase(Phase::Drained);
-        Ok(())
     }
 
     /// One diff-and-repair pass (SPEC §5): the source pinned at the watermark against the target,
@@ -311,7 +320,7 @@ impl Run<'_> {
 }
 
 /// Which target orphans (keys the source does not have) a repair deletes: see
-/// [`Run::orphan_scope`].
+/// [`Link::orphan_scope`].
 #[derive(Debug)]
 pub(super) struct OrphanScope {
     /// Every orphan (`overwrite_and_prune` with a prune owed; no nested link was found).

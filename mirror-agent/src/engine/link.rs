@@ -1,23 +1,27 @@
-//! [`Run`]: everything one connected run needs (both clients, the lease keeper, the fenced
-//! applier once the fence is claimed, the watch and the tail's small components), and the
-//! helpers every phase shares: the record template, Txn chunking, page options and the
-//! applier's entry points.
+//! [`Link`]: the link while it is connected (both clients, the lease keeper, the fenced applier
+//! once the fence is claimed, the watch and its replay buffer), the helpers every phase shares
+//! (the record template, Txn chunking, page options, the applier's entry points, the source's
+//! revision, opening the watch), and [`Link::drive`], the loop over the phases of one run:
+//! [`Start`] -> [`Genesis`] -> [`Tail`], each a type holding only its own state, each handing
+//! back the [`Step`] to take next.
 
 use std::time::Duration;
 
+use etcd_client::GetOptions;
 use etcd_client::{Client, KvClient};
-use mirror_core::{Config, EtcdError, Probe};
+use mirror_core::{unary, Config, Side};
 use mirror_fence::{Applier, Checkpoint, FencedWriter, Role};
-use mirror_watch::{Op, OpChunker, Watch};
-use tokio::time::Instant;
+use mirror_scan::count;
+use mirror_watch::{open_watch, Op, OpChunker, Watch};
+use tracing::warn;
 
-use super::{buffering, commit, confirm, genesis, leases, Engine, EngineError};
+use super::genesis::Genesis;
+use super::start::Start;
+use super::tail::Tail;
+use super::{buffering, commit, leases, Engine, EngineError, Pending};
 
-/// A probe of the source and of the target.
-pub(super) type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
-
-/// Everything one connected run needs.
-pub(super) struct Run<'e> {
+/// The link while connected: what every phase of one run uses.
+pub(super) struct Link<'e> {
     pub(super) engine: &'e mut Engine,
     pub(super) source: Client,
     pub(super) target_kv: KvClient,
@@ -31,28 +35,35 @@ pub(super) struct Run<'e> {
     /// The tail's source watch; dropped (cancelled) under sustained target backoff so the
     /// source's events wait in the source, not in this process.
     pub(super) watch: Option<Watch>,
-    /// Drain mode: the source revision the watermark must reach before verification.
-    pub(super) drain_target: Option<i64>,
-    /// [`tls_fingerprint`] taken before this run connected; a change means rotated files.
+    /// [`super::tls_fingerprint`] taken before this run connected; a change means rotated files.
     pub(super) tls_files: Option<Vec<[u8; 32]>>,
-    /// Comparisons in a row during a drain that found the target behind.
-    pub(super) drain_settles: u32,
-    /// Not before this may the tail run another idle proof ([`mirror_watch::prove_unchanged`]):
-    /// proofs read the range keys-only, so they are spaced to at most a fifth of the time, but
-    /// never farther apart than `progress_interval`.
-    pub(super) next_idle_proof: Option<Instant>,
-    /// A background probe of every member of both sides (for `MemberUnreachable`).
-    pub(super) member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
     /// The watch read into a replay buffer while a long pass runs (`buffering`).
     pub(super) buffering: buffering::Buffering,
-    /// The count of the range at R0 for `initial_sync.total_keys`, beside the scan (`genesis`).
-    pub(super) counting: Option<genesis::Counting>,
-    /// What the source last said about its revision, and the confirm read in flight
-    /// (`confirmed_time`).
-    pub(super) confirmer: confirm::Confirmer,
 }
 
-impl Run<'_> {
+/// What a phase hands back: the phase to run next, or the end of the run.
+pub(super) enum Step {
+    Genesis(Genesis),
+    /// The tail, with the watch it reads and what genesis buffered and did not apply yet.
+    Tail(Tail, Box<Watch>, mirror_watch::Buffered),
+    /// The run ended by itself (shutdown, or a drain that promoted the target).
+    Done,
+}
+
+impl Link<'_> {
+    /// One run of the link: the phases in turn, from the start plan to the end of the tail.
+    /// An error ends the run; the run loop decides by its class what happens next.
+    pub(super) async fn drive(&mut self, pending: Pending) -> Result<(), EngineError> {
+        let mut step = Start::new(pending).run(self).await?;
+        loop {
+            step = match step {
+                Step::Genesis(genesis) => genesis.run(self).await?,
+                Step::Tail(tail, watch, replay) => tail.run(self, watch, replay).await?,
+                Step::Done => return Ok(()),
+            };
+        }
+    }
+
     pub(super) fn cfg(&self) -> &Config {
         &self.engine.cfg
     }
@@ -67,7 +78,7 @@ impl Run<'_> {
     }
 
     /// A fresh record at `watermark`, carrying the link's counts as status holds them (seeded
-    /// from the stored record at the start of every run: [`Run::remember_counts`]).
+    /// from the stored record at the start of every run: [`Start`]).
     pub(super) fn template(&self, watermark: i64) -> Checkpoint {
         let (forced_resyncs, scan_restarts, initial_sync_completed) = self.engine.counts();
         Checkpoint {
@@ -142,7 +153,7 @@ impl Run<'_> {
 
     /// The fenced applier and what it reaches of this run ([`commit::Hooks`]).
     pub(super) fn applier(&mut self) -> (&mut Applier, commit::Hooks<'_>) {
-        let Run { engine, applier, leases, watch, tls_files, .. } = self;
+        let Link { engine, applier, leases, watch, tls_files, .. } = self;
         let hooks = commit::Hooks { engine, leases, watch, tls_files };
         (applier.as_mut().expect("fence claimed before any write"), hooks)
     }
@@ -172,5 +183,61 @@ impl Run<'_> {
     ) -> Result<(), EngineError> {
         let (applier, mut hooks) = self.applier();
         applier.commit_independent(ops, next, &mut hooks).await
+    }
+
+    /// The source's current revision: the header of a count-only Get of one key. (A count of
+    /// the whole range would make etcd walk every key of it in its index, under the lock every
+    /// write needs: a second or more at millions of keys.)
+    pub(super) async fn source_revision(&mut self) -> Result<i64, EngineError> {
+        let range = self.engine.rewriter.source_range();
+        let opts = GetOptions::new().with_count_only();
+        let resp = unary(
+            "revision",
+            Side::Source,
+            self.timeout(),
+            self.source.kv_client().get(range.start, Some(opts)),
+        )
+        .await?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Counts what the target still holds under each excluded prefix and lists it in status
+    /// (`excluded_keys_in_target`), with one warning when there is any: those keys are outside
+    /// the mirrored range, so no prune or reconcile pass ever touches them (an exclude added to a
+    /// running link leaves its keys behind). One count-only read per exclude.
+    pub(super) async fn note_excluded_in_target(&mut self) -> Result<(), EngineError> {
+        // The configured ones only: the rewriter's list also holds the reserved namespace.
+        let excludes = self.cfg().sync.exclude_prefixes.clone();
+        let dest_prefix = self.engine.rewriter.dest_prefix().to_vec();
+        let mut found = Vec::new();
+        for exclude in &excludes {
+            let relative = exclude.as_bytes();
+            let start = [&dest_prefix[..], relative].concat();
+            let window = [mirror_core::KeyRange { end: mirror_core::prefix_end(&start), start }];
+            let timeout = self.timeout();
+            let (keys, _) = count(&mut self.target_kv, &window, None, Side::Target, timeout).await?;
+            if keys > 0 {
+                let prefix = String::from_utf8_lossy(relative).into_owned();
+                warn!(
+                    exclude = %prefix,
+                    keys,
+                    "the target holds keys under an excluded prefix; the agent never touches them (delete them by hand if they are stale)"
+                );
+                found.push(mirror_core::ExcludedKeys { prefix, keys });
+            }
+        }
+        self.engine.update(|s| s.excluded_keys_in_target = found);
+        Ok(())
+    }
+
+    pub(super) async fn open_watch(&mut self, start: i64) -> Result<Watch, EngineError> {
+        let fragment = self.engine.fragment_watch;
+        let stream = open_watch(&mut self.source, &self.engine.rewriter, start, fragment).await?;
+        let first = !std::mem::replace(&mut self.engine.watch_opened, true);
+        if !first {
+            self.engine.update(|s| s.watch_restarts += 1);
+        }
+        let (sender, stream) = stream.split();
+        Ok(Watch::new(sender, stream, self.held_revision_bytes()))
     }
 }

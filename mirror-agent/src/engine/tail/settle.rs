@@ -5,46 +5,44 @@ use mirror_core::ErrorClass;
 use mirror_reconcile::Repairs;
 use tracing::{info, warn};
 
-use super::{EngineError, Run, DRAIN_SETTLE_ATTEMPTS};
+use super::Tail;
+use crate::engine::link::Link;
+use crate::engine::{EngineError, DRAIN_SETTLE_ATTEMPTS};
 
-impl Run<'_> {
+impl Tail {
     /// Brings the target to the source's state at `end` by comparison, then moves the watermark
     /// to `end` (module doc: "Why genesis and drain completion do not rest on an untrusted
     /// progress reply"). Genesis repairs what differs; a drain only compares, and repairs after
     /// [`DRAIN_SETTLE_ATTEMPTS`] comparisons in a row found the target behind (something other
     /// than undelivered events keeps it different; the verification after the drain repairs
     /// such keys anyway).
-    pub(super) async fn settle_at(
-        &mut self,
-        end: i64,
-        scan_end: &mut Option<i64>,
-    ) -> Result<(), EngineError> {
-        let genesis = scan_end.is_some();
+    pub(super) async fn settle_at(&mut self, link: &mut Link<'_>, end: i64) -> Result<(), EngineError> {
+        let genesis = self.scan_end.is_some();
         // The sweep's rule (issue #20 defect 2); keys of a nested link are never ours to delete
         // (issue #19: a settle pass deleted a nested link's keys).
-        let prune = self.writer().record().prune_pending;
-        let scope = self.orphan_scope(prune).await?;
+        let prune = link.writer().record().prune_pending;
+        let scope = link.orphan_scope(prune).await?;
         let repair = genesis || self.drain_settles + 1 >= DRAIN_SETTLE_ATTEMPTS;
         info!(end, genesis, repair, "source idle: settling the target against the source pinned at {end}");
-        let page = self.page_options("settle page").at_revision(end);
+        let page = link.page_options("settle page").at_revision(end);
         let differ = mirror_reconcile::Differ::new(
-            self.engine.rewriter.clone(),
-            self.source.kv_client(),
-            self.target_kv.clone(),
+            link.engine.rewriter.clone(),
+            link.source.kv_client(),
+            link.target_kv.clone(),
             page,
         );
         let mut repairs =
-            Repairs::new(differ, self.chunker(), |key: &[u8], mod_revision| scope.deletes(key, mod_revision));
+            Repairs::new(differ, link.chunker(), |key: &[u8], mod_revision| scope.deletes(key, mod_revision));
         loop {
-            self.engine.stop_if_shutting_down()?;
+            link.engine.stop_if_shutting_down()?;
             let chunk = match repairs.next_chunk().await {
                 Ok(chunk) => chunk,
                 Err(e) if e.class() == ErrorClass::Resync => {
                     // `end` was compacted away while comparing: settle at the current revision
                     // next time; the watch still delivers everything in between.
-                    let now = self.source_revision().await?;
+                    let now = link.source_revision().await?;
                     warn!(end, now, "source compacted past the settle revision; settling at {now} next");
-                    if let Some(e) = scan_end.as_mut() {
+                    if let Some(e) = self.scan_end.as_mut() {
                         *e = now;
                     } else {
                         self.drain_target = Some(now);
@@ -55,7 +53,7 @@ impl Run<'_> {
             };
             let Some(chunk) = chunk else { break };
             if repair {
-                self.commit_keep(&chunk).await?;
+                link.commit_keep(&chunk).await?;
             }
         }
         let differences = repairs.found();
@@ -66,6 +64,6 @@ impl Run<'_> {
         }
         self.drain_settles = 0;
         info!(end, repaired = differences, "target settled at the source's state at {end}");
-        self.advance_to(end, scan_end).await
+        self.advance_to(link, end).await
     }
 }

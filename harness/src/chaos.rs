@@ -306,6 +306,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         leases_match: None,
         target_leases_gone: Vec::new(),
         target_leases_alive: Vec::new(),
+        leases_within: None,
         log_once: Vec::new(),
         agent: id.clone(),
         timeout: HumanDuration::secs(180),

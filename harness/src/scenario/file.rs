@@ -40,7 +40,8 @@
 //! - `load_leased` (`keys`, `prefix`, `first`, `count`, `ttl`, `ttl_max`: keys round-robin over
 //!   `count` source leases of rising TTLs), `keep_leases` (`side`, `first`, `count`, `for`: a
 //!   client keeping them alive, usually `background = true`), `grant` (`side`, `lease`, `ttl`);
-//!   `expect leases_match` with `during` samples 20 times over it; `target_leases_alive`.
+//!   `expect leases_match` with `during` samples 20 times over it; `target_leases_alive`;
+//!   `leases_within` lets both lease lists take that long to hold (default: read once).
 //! - `put outside_prefix = true`: `key` is the whole key, outside the side's prefix (another
 //!   application's write to the same cluster).
 //! - `[source] least_privilege = true` (or `[target]`): auth on, the agent a user with exactly

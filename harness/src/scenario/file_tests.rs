@@ -192,6 +192,7 @@ fn steps_round_trip() {
             leases_match: Some(true),
             target_leases_gone: vec![7],
             target_leases_alive: vec![8],
+            leases_within: Some(HumanDuration::secs(5)),
             log_once: vec!["said once".into()],
             agent: "a".into(),
             timeout: HumanDuration::secs(60),

@@ -95,6 +95,10 @@ pub struct Expect {
     /// Extension: these lease IDs live on the target and still hold keys.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_leases_alive: Vec<i64>,
+    /// Extension: how long `target_leases_gone` and `target_leases_alive` may take to hold
+    /// (read every 250 ms); default: read once, so a step after a `sleep` is a bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_within: Option<HumanDuration>,
     /// Extension: each text is in exactly one line of the agent's log so far (an event said
     /// once, not once per retry or per status read).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -189,16 +193,19 @@ impl Step for Expect {
                 anyhow::ensure!(n == 1, "expected one line of the agent's log to hold {text:?}, found {n}");
             }
         }
-        let mut dst = world.target.client().await?;
-        for id in &self.target_leases_gone {
-            let ttl = dst.lease_time_to_live(*id, None).await?.ttl();
-            anyhow::ensure!(ttl < 0, "target lease {id} still exists (ttl {ttl}s)");
-        }
-        for id in &self.target_leases_alive {
-            let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
-            let resp = dst.lease_time_to_live(*id, Some(opts)).await?;
-            anyhow::ensure!(resp.ttl() > 0, "target lease {id} is gone");
-            anyhow::ensure!(!resp.keys().is_empty(), "target lease {id} holds no key");
+        if !self.target_leases_gone.is_empty() || !self.target_leases_alive.is_empty() {
+            let within = self.leases_within.map_or(Duration::ZERO, |d| d.get());
+            let deadline = Instant::now() + within;
+            loop {
+                match self.target_leases_hold(world).await {
+                    Ok(()) => break,
+                    Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(e) if within.is_zero() => return Err(e),
+                    Err(e) => return Err(e.context(format!("target leases, within {within:?}"))),
+                }
+            }
         }
         if let Some(role) = self.checkpoint_role {
             let key = world.base.parsed()?.checkpoint_key();
@@ -260,6 +267,22 @@ impl Step for Expect {
 }
 
 impl Expect {
+    /// `target_leases_gone` and `target_leases_alive`, as the target says now.
+    async fn target_leases_hold(&self, world: &mut World<'_>) -> anyhow::Result<()> {
+        let mut dst = world.target.client().await?;
+        for id in &self.target_leases_gone {
+            let ttl = dst.lease_time_to_live(*id, None).await?.ttl();
+            anyhow::ensure!(ttl < 0, "target lease {id} still exists (ttl {ttl}s)");
+        }
+        for id in &self.target_leases_alive {
+            let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+            let resp = dst.lease_time_to_live(*id, Some(opts)).await?;
+            anyhow::ensure!(resp.ttl() > 0, "target lease {id} is gone");
+            anyhow::ensure!(!resp.keys().is_empty(), "target lease {id} holds no key");
+        }
+        Ok(())
+    }
+
     /// `max_lag_revisions` (and `ReplicationLagExceeded` not True) at every read for `during`.
     async fn lag_stays_under(&self, world: &mut World<'_>, most: i64) -> anyhow::Result<()> {
         let until = Instant::now() + self.during.map_or(Duration::ZERO, |d| d.get());

@@ -96,7 +96,7 @@ impl Confirmer {
 
     /// The confirm read's answer, once it is in (never while none runs).
     pub(super) async fn answer(&mut self) -> Option<Heard> {
-        let answer = super::tail::join_some(&mut self.read).await;
+        let answer = super::waits::join_some(&mut self.read).await;
         self.read = None;
         answer.ok().flatten()
     }

@@ -202,12 +202,12 @@ impl Genesis {
                 _ = link.engine.shutdown.cancelled() => return Err(EngineError::Shutdown),
                 // Applied between chunks: a rate at once; a pause or new connection settings
                 // stop the scan, which resumes after its cursor.
-                _ = super::tail::reload_changed(&mut link.engine.reload) => {
+                _ = super::waits::reload_changed(&mut link.engine.reload) => {
                     link.engine.apply_reload()?;
                     link.reconfigure();
                     continue;
                 }
-                counted = super::tail::join_some(&mut self.counting) => {
+                counted = super::waits::join_some(&mut self.counting) => {
                     self.counted(link, counted)?;
                     continue;
                 }

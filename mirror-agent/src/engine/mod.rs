@@ -41,6 +41,8 @@
 //! - `repair`: the tail's periodic reconcile pass and drain verification and promotion; the
 //!   comparisons and repairs any phase may ask of the link (the prune sweep among them).
 //! - `error`: [`EngineError`], how a run ends (class, reason, fix).
+//! - `waits`: what the phases' `select!` loops wait on beside their work (a reloaded config, a
+//!   spawned task's result, a deadline that may not be set).
 //! - `buffering`: the [`buffering::Buffering`], a component of its own: the watch read into a
 //!   replay buffer while a long pass runs.
 //! - `confirm`: the [`confirm::Confirmer`], a component of its own: `confirmed_time`, when the
@@ -123,6 +125,7 @@ mod repair;
 mod run_loop;
 mod start;
 mod tail;
+mod waits;
 
 pub use causes::{ReconnectCause, Restart, ResyncCause};
 pub use error::EngineError;

@@ -180,7 +180,7 @@ impl Engine {
         while self.cfg.paused {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return false,
-                _ = super::tail::reload_changed(&mut self.reload) => {
+                _ = super::waits::reload_changed(&mut self.reload) => {
                     // Settings that need a reconnect take effect at the resume's connect.
                     let _ = self.adopt_reload();
                 }

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use mirror_core::{
-    now_rfc3339, probe_members, ConditionType, Config, ErrorClass, EtcdError, Fault, Mode, Phase, Probe,
-    Reason, Side,
+    now_rfc3339, probe_members, ConditionType, ErrorClass, EtcdError, Fault, Mode, Phase, Probe, Reason, Side,
 };
 use mirror_watch::{prove_unchanged, Buffered, Delivery, IdleProof, Revision, Watch, WatchEnd};
 use tokio::time::Instant;
@@ -18,6 +17,7 @@ use super::confirm::Confirmer;
 use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, ReconcileClock, Reply};
 use super::leases::LeaseNews;
 use super::link::{Link, Step};
+use super::waits::{join_some, reload_changed, sleep_until_some};
 use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause,
     FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL, TLS_CHECK_INTERVAL,
@@ -407,33 +407,5 @@ impl Tail {
             }
         }
         Ok(())
-    }
-}
-
-/// Resolves when a reloaded config is waiting (without consuming it), never without a channel.
-pub(super) async fn reload_changed(reload: &mut Option<tokio::sync::watch::Receiver<Config>>) {
-    match reload {
-        Some(rx) => {
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-/// The result of a spawned task, or never when there is none.
-pub(super) async fn join_some<F: std::future::Future + Unpin>(task: &mut Option<F>) -> F::Output {
-    match task {
-        Some(handle) => handle.await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sleeps until `at`, or forever when there is no deadline.
-pub(super) async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

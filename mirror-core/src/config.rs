@@ -185,6 +185,10 @@ pub struct SyncSection {
     /// Exact mode: target Txns in flight at most (1 = one at a time); a second is sent only
     /// while revisions wait, and with `ha.enabled` one at a time.
     pub exact_txns_in_flight: i64,
+    /// Compact mode: the tail's target Txns in flight at most (1 = one at a time, each sent
+    /// once the one before it landed); a later one compares the checkpoint with what the one
+    /// before it stores.
+    pub txns_in_flight: i64,
 }
 
 /// `sync.revisions`.
@@ -221,6 +225,7 @@ impl Default for SyncSection {
             exact_lease_hold: HumanDuration::secs(3600),
             exact_seed: String::new(),
             exact_txns_in_flight: 1,
+            txns_in_flight: 1,
         }
     }
 }

@@ -44,11 +44,20 @@ impl Config {
     /// every field that would narrow the range, seed it another way or have the link write
     /// outside its one Txn per revision is named.
     fn check_exact(&self, v: &mut Rules) {
+        if !(1..=4).contains(&self.sync.txns_in_flight) {
+            v.add("sync.txns_in_flight", "must be 1-4");
+        }
         if !self.exact() {
             if !self.sync.exact_seed.is_empty() {
                 v.add("sync.exact_seed", "applies only with sync.revisions = \"exact\"");
             }
             return;
+        }
+        if self.sync.txns_in_flight != 1 {
+            v.add(
+                "sync.txns_in_flight",
+                "applies only with sync.revisions = \"compact\" (exact mode: sync.exact_txns_in_flight)",
+            );
         }
         const WHY: &str = "with sync.revisions = \"exact\"";
         for (field, prefix) in [

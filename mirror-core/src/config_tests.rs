@@ -350,7 +350,7 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
         .replace("[target]\n", "[target]\nprefix = \"/registry/\"\n")
         .replace(
             "leases = \"preserve\"\n",
-            "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\n",
+            "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\ntxns_in_flight = 2\n",
         )
         + "[initial_sync]\nmode = \"overwrite\"\n[checkpoint]\nkey = \"\\u0000etcd-mirror/cp\"\n\
            [reconcile]\ndelete_orphans = true\n";
@@ -370,10 +370,22 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
             "sync.exact_lease_hold",
             "sync.exclude_prefixes",
             "sync.leases",
+            "sync.txns_in_flight",
             "target.prefix",
         ]
     );
-    // Compact mode (the default) keeps its own checkpoint key.
+    // Compact mode (the default) keeps its own checkpoint key, and takes 1-4 Txns in flight.
     let compact = Config::from_toml_str(&EXACT.replace("revisions = \"exact\"", "")).unwrap();
     assert_eq!(compact.checkpoint_key(), b"\0etcd-mirror/checkpoint");
+    let in_flight = |n: i64| {
+        let text = EXACT.replace("revisions = \"exact\"", &format!("txns_in_flight = {n}"));
+        match Config::from_toml_str(&text).unwrap().validate() {
+            Ok(()) => false,
+            refused => violations(refused)
+                .into_iter()
+                .any(|v| v.field == "sync.txns_in_flight" && v.rule == "must be 1-4"),
+        }
+    };
+    assert!(!in_flight(2) && !in_flight(4));
+    assert!(in_flight(0) && in_flight(5));
 }

@@ -64,7 +64,8 @@ impl Applies {
             | "ha.lease_ttl"
             | "sync.exact_lease_hold"
             | "sync.exact_seed"
-            | "sync.exact_txns_in_flight" => Applies::NextRun,
+            | "sync.exact_txns_in_flight"
+            | "sync.txns_in_flight" => Applies::NextRun,
             "sync.txn_flush_bytes"
             | "sync.page_key_limit"
             | "sync.page_bytes"

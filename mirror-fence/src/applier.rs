@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Checkpoint, FenceError, FencedWriter};
 
+mod flight;
+pub use flight::Answered;
+
 /// What the applier asks of the run that owns it, and what it tells it.
 pub trait Owner {
     /// The run's error, which carries every way a write ends without landing.
@@ -46,6 +49,12 @@ pub trait Owner {
 
     /// A try failed with `err` (of `class`) and the write is sent again as `retry` says.
     fn retrying(&mut self, err: &EtcdError, class: ErrorClass, retry: &OnWriteError);
+
+    /// A batch [`Applier::send`] sent landed: `revisions` whole source revisions, the last
+    /// `last`, `ops` data ops (after [`Owner::landed`] for its Txn).
+    fn revisions_landed(&mut self, revisions: usize, last: i64, ops: usize) {
+        let _ = (revisions, last, ops);
+    }
 }
 
 /// Why the applier stopped a write that is not an etcd or fence error.
@@ -135,6 +144,10 @@ pub struct Applier {
     sync: SyncSection,
     throttle: ThrottleState,
     shutdown: CancellationToken,
+    /// `sync.txns_in_flight` as the run started: how many [`Applier::send`] keeps on their way.
+    txns_in_flight: usize,
+    /// The Txns [`Applier::send`] sent that have not answered yet (`applier/flight.rs`).
+    flight: flight::Flight,
 }
 
 impl Applier {
@@ -146,7 +159,8 @@ impl Applier {
         throttle: ThrottleState,
         shutdown: CancellationToken,
     ) -> Applier {
-        Applier { writer, sync, throttle, shutdown }
+        let txns_in_flight = sync.txns_in_flight.max(1) as usize;
+        Applier { writer, sync, throttle, shutdown, txns_in_flight, flight: flight::Flight::default() }
     }
 
     /// The writer: the record the fence holds, its key, its watermarks.
@@ -160,7 +174,8 @@ impl Applier {
         &mut self.writer
     }
 
-    /// The record the fence holds.
+    /// The record the fence holds: with Txns in flight ([`Applier::send`]), the last that
+    /// landed, so a commit built from it waits for them first ([`Applier::drain`]).
     pub fn record(&self) -> &Checkpoint {
         self.writer.record()
     }
@@ -239,6 +254,18 @@ impl Applier {
         guards: Vec<Compare>,
         owner: &mut O,
     ) -> Result<Result<(), EtcdError>, O::Error> {
+        self.drain(owner).await?;
+        self.try_commit_now(ops, next, guards, owner).await
+    }
+
+    /// [`Applier::try_commit`] with no Txn in flight.
+    async fn try_commit_now<O: Owner>(
+        &mut self,
+        ops: &[Op],
+        next: Checkpoint,
+        guards: Vec<Compare>,
+        owner: &mut O,
+    ) -> Result<Result<(), EtcdError>, O::Error> {
         let mut policy = RetryPolicy::new(&self.sync).with_throttle_state(self.throttle);
         loop {
             let txn_ops = owner.txn_ops(ops).await?;
@@ -283,6 +310,8 @@ impl Applier {
     /// repair, the first half of a split): [`Applier::commit_independent`] without a
     /// transition.
     pub async fn commit_keep<O: Owner>(&mut self, ops: &[Op], owner: &mut O) -> Result<(), O::Error> {
+        // The record as it stands once the Txns in flight landed.
+        self.drain(owner).await?;
         let same = self.writer.record().clone();
         self.commit_independent(ops, same, owner).await
     }
@@ -347,6 +376,7 @@ impl Applier {
         guards: Vec<Compare>,
         owner: &mut O,
     ) -> Result<bool, O::Error> {
+        self.drain(owner).await?;
         let txn_ops = owner.txn_ops(ops).await?;
         match self.writer.commit_guarded(txn_ops, None, guards).await {
             Ok(_) => {}

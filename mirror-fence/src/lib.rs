@@ -11,7 +11,8 @@
 //! - `decode(encode(c)) == c` for every valid record (property-tested).
 //!
 //! - [`FencedWriter`] is the only way the agent writes to the target (G4): every Txn compares the
-//!   checkpoint's mod revision, every checkpoint move rides in the same Txn as its data, and a
+//!   checkpoint's mod revision (or, sent behind another, its value: the record the one before
+//!   stores), every checkpoint move rides in the same Txn as its data, and a
 //!   failed compare is judged by re-reading the record (see the `writer` module for the
 //!   argument, the ambiguous-commit rule and the takeover rules).
 //! - A Txn with more ops than the target's `max_txn_ops` is laid out with nested Txns
@@ -20,8 +21,10 @@
 //!
 //! - [`Applier`] owns a compact-mode run's writer and lands its writes: retries by error class
 //!   with the throttle curve carried over, the pace of `max_ops_per_second`, nesting deeper and
-//!   splitting independent ops the target finds too large. It reports through [`Owner`] and
-//!   keeps no status of its own.
+//!   splitting independent ops the target finds too large, and the tail's Txns in flight
+//!   (`sync.txns_in_flight`: [`Applier::send`], each one behind another fenced by the record the
+//!   one before stores, answers taken in order, any write else waiting for them). It reports
+//!   through [`Owner`] and keeps no status of its own.
 //!
 //! - [`FenceObserver`] sequences reads of the checkpoint so a stale answer never takes the
 //!   view backwards, and shares the first read among concurrent callers.
@@ -48,7 +51,7 @@ mod observer;
 mod transitions;
 mod writer;
 
-pub use applier::{on_write_error, Applier, OnWriteError, Owner, Stop, WriteTrouble};
+pub use applier::{on_write_error, Answered, Applier, OnWriteError, Owner, Stop, WriteTrouble};
 pub use checkpoint::{Checkpoint, DecodeError, Role, VERSION};
 pub use error::FenceError;
 pub use exact::{Answer, ExactFence, Guard, Landing, RevisionTxn, Stamp};

@@ -8,6 +8,9 @@
 //!    Txn this writer still has in flight or will send fails its compare, atomically, in the
 //!    target itself; no clock, lease or side channel is involved.
 //!
+//! A Txn sent before the one before it answered compares the checkpoint's value instead, with
+//! the same effect (the `pipeline` module says why).
+//!
 //! ## Retry ownership
 //! A Txn whose answer was lost (timeout, broken connection) may or may not have landed. The
 //! caller retries the *same* commit, and the writer sends it with the same commit id, so with
@@ -32,6 +35,9 @@ use crate::checkpoint::{Checkpoint, Role};
 use crate::commit_id::{made_with, next_commit_id, writer_nonce};
 use crate::observed::{may_claim, read_checkpoint, replication_state, went_back, Observed};
 use crate::FenceError;
+
+mod pipeline;
+pub use pipeline::Prepared;
 
 /// A Txn of `ops` that runs only while the checkpoint key's mod revision is `mod_revision`
 /// (0 matches an absent key): the fence of every target write (G4).

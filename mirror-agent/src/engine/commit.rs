@@ -63,6 +63,12 @@ impl Owner for Hooks<'_> {
         }
     }
 
+    fn revisions_landed(&mut self, revisions: usize, last: i64, ops: usize) {
+        self.engine.reporter.revisions_landed(revisions);
+        // Sent only from the synced tail: a live apply.
+        self.engine.note_applied(false, last, ops as u64);
+    }
+
     fn retrying(&mut self, err: &EtcdError, class: ErrorClass, retry: &OnWriteError) {
         let OnWriteError::Retry { after, drop_watch, degrade, raise } = *retry else { return };
         if drop_watch && self.watch.take().is_some() {

@@ -158,6 +158,17 @@ impl Link<'_> {
         (applier.as_mut().expect("fence claimed before any write"), hooks)
     }
 
+    /// Waits for the tail's Txns in flight to land ([`Applier::drain`]): before anything reads
+    /// the record the fence holds or writes otherwise.
+    pub(super) async fn drain(&mut self) -> Result<(), EngineError> {
+        let Some(applier) = self.applier.as_ref() else { return Ok(()) };
+        if applier.in_flight() == 0 {
+            return Ok(());
+        }
+        let (applier, mut hooks) = self.applier();
+        applier.drain(&mut hooks).await
+    }
+
     /// One fenced Txn of `ops` moving the record to `next` ([`Applier::commit`]).
     pub(super) async fn commit_with_retry(
         &mut self,

@@ -18,6 +18,8 @@ impl Tail {
     /// dropped then and re-opened from the watermark once the pass ends, as before buffering
     /// existed.
     pub(super) async fn reconcile_buffered(&mut self, link: &mut Link<'_>) -> Result<(), EngineError> {
+        // The pass compares the source at the watermark with the target: nothing in flight.
+        link.drain().await?;
         let delete_orphans = link.cfg().reconcile.delete_orphans;
         let Some(watch) = link.watch.take() else { return link.reconcile_pass(delete_orphans).await };
         let floor = link.writer().record().watermark;

@@ -22,6 +22,7 @@ use super::{
     members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause,
     FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL, TLS_CHECK_INTERVAL,
 };
+use mirror_fence::Applier;
 
 /// A probe of the source and of the target.
 pub(super) type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
@@ -99,6 +100,7 @@ impl Tail {
         loop {
             if link.watch.is_none() {
                 // Cancelled under sustained target backoff; the target takes writes again.
+                link.drain().await?;
                 let from = link.writer().record().watermark + 1;
                 info!(from, "re-watching the source from the watermark");
                 link.watch = Some(link.open_watch(from).await?);
@@ -118,6 +120,7 @@ impl Tail {
             let floor = link.writer().record().watermark;
             let budget = link.cfg().sync.txn_flush_bytes.bytes() as usize;
             let watch = link.watch.as_mut().expect("opened above");
+            let in_flight = link.applier.as_ref().map_or(0, Applier::in_flight);
             let read = tokio::select! {
                 _ = link.engine.shutdown.cancelled() => return Ok(Step::Done),
                 _ = reload_changed(&mut link.engine.reload) => {
@@ -152,8 +155,15 @@ impl Tail {
                     }
                     continue;
                 }
+                answered = link.applier.as_mut().expect("fence claimed").answer(), if in_flight > 0 => {
+                    // The oldest of the Txns sent behind one another (`sync.txns_in_flight`).
+                    let (applier, mut hooks) = link.applier();
+                    applier.settle(answered, &mut hooks).await?;
+                    continue;
+                }
                 _ = fence_check.tick() => {
                     // An idle tail learns of a takeover or a cutover now, not at its next write.
+                    link.drain().await?;
                     link.writer().verify_held().await?;
                     continue;
                 }
@@ -178,6 +188,7 @@ impl Tail {
                     continue;
                 }
                 answer = self.confirmer.answer() => {
+                    link.drain().await?;
                     self.on_confirm_read(link, answer).await?;
                     continue;
                 }
@@ -216,6 +227,8 @@ impl Tail {
         if link.cfg().mode != Mode::Drain {
             return Ok(false);
         }
+        // A reload may have started the drain while Txns sent before it are in flight.
+        link.drain().await?;
         let watermark = link.writer().record().watermark;
         let target = match self.drain_target {
             Some(target) => target,
@@ -286,6 +299,8 @@ impl Tail {
     /// A created reply or a progress notification: only a trusted one proves that nothing at
     /// or below its revision is still to come (see the module doc).
     async fn on_reply(&mut self, link: &mut Link<'_>, reply: Reply) -> Result<(), EngineError> {
+        // What it proves is measured against the record the fence holds.
+        link.drain().await?;
         link.engine.update(|s| s.source_revision = s.source_revision.max(reply.header));
         self.confirmer.heard(reply.header);
         let watermark = link.writer().record().watermark;

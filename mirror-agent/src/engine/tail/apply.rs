@@ -11,6 +11,10 @@ use super::Tail;
 use crate::engine::link::Link;
 use crate::engine::{Engine, EngineError, Progress, Refusal};
 
+/// The largest batch sent behind Txns in flight: far under etcd's default request limit (1.5
+/// MiB), so one is never refused as too large, which only the serial path can mend.
+const OVERLAP_BYTES: usize = 512 << 10;
+
 impl Tail {
     /// Packs whole revisions into batches (flushing at the end: the end of a watch response or
     /// of the replay) and commits each.
@@ -58,6 +62,11 @@ impl Tail {
 
     /// Commits one batch with its checkpoint; splits it when the target finds it too big.
     pub(super) async fn apply(&mut self, link: &mut Link<'_>, batch: Batch) -> Result<(), EngineError> {
+        if self.overlaps(link, &batch) {
+            return self.send(link, batch).await;
+        }
+        // Everything else moves on from the record the fence holds with nothing in flight.
+        link.drain().await?;
         let last = batch.last_revision();
         let ops: Vec<Op> = batch.ops().cloned().collect();
         let mut next = link.writer().record().applied_to(last, self.scan_end);
@@ -129,6 +138,37 @@ impl Tail {
             self.finish_genesis_if_due(link, last).await?;
         }
         Ok(())
+    }
+
+    /// Whether `batch` goes out behind the Txns in flight (`sync.txns_in_flight` > 1): a plain
+    /// batch of the synced tail. The initial sync, a drain, a paced target, range deletes and a
+    /// batch near the request limit wait for the Txns in flight and take the serial path, which
+    /// splits and retries as it needs.
+    fn overlaps(&self, link: &Link<'_>, batch: &Batch) -> bool {
+        let sync = &link.cfg().sync;
+        let Some(applier) = link.applier.as_ref() else { return false };
+        let ops = batch.ops().count();
+        applier.overlaps()
+            && self.scan_end.is_none()
+            && link.cfg().mode != mirror_core::Mode::Drain
+            && sync.max_ops_per_second == 0
+            && ops > 0
+            && applier.holds(ops)
+            && batch.ops().map(Op::size).sum::<usize>() <= OVERLAP_BYTES
+            && !batch.ops().any(|op| matches!(op, Op::DeleteRun { .. }))
+    }
+
+    /// Sends `batch` behind the Txns in flight ([`mirror_fence::Applier::send`]); its landing is
+    /// counted when it comes ([`super::super::commit::Hooks`]).
+    async fn send(&mut self, link: &mut Link<'_>, batch: Batch) -> Result<(), EngineError> {
+        let last = batch.last_revision();
+        let ops: Vec<Op> = batch.ops().cloned().collect();
+        let (applier, mut hooks) = link.applier();
+        let mut next = applier.latest().applied_to(last, None);
+        if let Some(time) = self.confirmer.confirmed_by(last, None) {
+            next = next.confirmed_at(time);
+        }
+        applier.send(&ops, next, batch.revisions.len(), &mut hooks).await
     }
 }
 

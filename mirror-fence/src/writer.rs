@@ -293,12 +293,7 @@ impl FencedWriter {
         });
         let next_bytes =
             next.as_ref().map(Checkpoint::encode).transpose().map_err(FenceError::InvalidRecord)?;
-        let mut all = self.lay_out(ops, usize::from(next_bytes.is_some()))?;
-        if let Some(bytes) = &next_bytes {
-            if !failpoint::drop_checkpoint_put() {
-                all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
-            }
-        }
+        let all = self.with_checkpoint_put(ops, next_bytes.as_deref())?;
         let guarding = !guards.is_empty();
         let mut txn = guarded_by(&self.key, self.mod_revision, guards, all);
         if guarding {
@@ -351,6 +346,18 @@ impl FencedWriter {
             max_txn_ops: self.max_txn_ops,
             timeout: self.timeout,
         }
+    }
+
+    /// `ops` laid out as the top level of one Txn, then the put of the checkpoint's `bytes`
+    /// when given (unless the `DROP_CHECKPOINT_EVERY` failpoint drops it).
+    fn with_checkpoint_put(&self, ops: Vec<TxnOp>, bytes: Option<&[u8]>) -> Result<Vec<TxnOp>, FenceError> {
+        let mut all = self.lay_out(ops, usize::from(bytes.is_some()))?;
+        if let Some(bytes) = bytes {
+            if !failpoint::drop_checkpoint_put() {
+                all.push(TxnOp::put(self.key.clone(), bytes.to_vec(), None));
+            }
+        }
+        Ok(all)
     }
 
     /// `ops` as the top level of one Txn, nested where they exceed `max_txn_ops`.

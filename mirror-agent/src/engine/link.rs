@@ -161,8 +161,7 @@ impl Link<'_> {
     /// Waits for the tail's Txns in flight to land ([`Applier::drain`]): before anything reads
     /// the record the fence holds or writes otherwise.
     pub(super) async fn drain(&mut self) -> Result<(), EngineError> {
-        let Some(applier) = self.applier.as_ref() else { return Ok(()) };
-        if applier.in_flight() == 0 {
+        if self.applier.is_none() {
             return Ok(());
         }
         let (applier, mut hooks) = self.applier();

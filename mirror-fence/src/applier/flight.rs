@@ -74,10 +74,7 @@ impl Applier {
         revisions: usize,
         owner: &mut O,
     ) -> Result<(), O::Error> {
-        while self.in_flight() >= self.txns_in_flight {
-            let answered = self.answer().await;
-            self.settle(answered, owner).await?;
-        }
+        self.settle_down_to(self.txns_in_flight - 1, owner).await?;
         let txn_ops = owner.txn_ops(ops).await?;
         let after = self.flight.sent.back().map(|s| s.prepared.bytes().to_vec());
         let prepared = self.writer.prepare(txn_ops, next, after.as_deref())?;
@@ -144,7 +141,12 @@ impl Applier {
     /// Waits for every Txn in flight to land (or to be sent again and land): before any write
     /// that is not the next batch, and before anything reads the record the fence holds.
     pub async fn drain<O: Owner>(&mut self, owner: &mut O) -> Result<(), O::Error> {
-        while self.in_flight() > 0 {
+        self.settle_down_to(0, owner).await
+    }
+
+    /// Takes the oldest answers until at most `left` Txns are in flight.
+    async fn settle_down_to<O: Owner>(&mut self, left: usize, owner: &mut O) -> Result<(), O::Error> {
+        while self.in_flight() > left {
             let answered = self.answer().await;
             self.settle(answered, owner).await?;
         }

@@ -20,7 +20,7 @@ use std::future::Future;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use mirror_core::{unary, EtcdError, Side};
 
-use super::{failpoint, guarded, FencedWriter};
+use super::{guarded, FencedWriter};
 use crate::commit_id::next_commit_id;
 use crate::{Checkpoint, FenceError};
 
@@ -61,10 +61,7 @@ impl FencedWriter {
         let mut stored = next.clone();
         stored.commit = next_commit_id(&self.nonce);
         let bytes = stored.encode().map_err(FenceError::InvalidRecord)?;
-        let mut all = self.lay_out(ops, 1)?;
-        if !failpoint::drop_checkpoint_put() {
-            all.push(TxnOp::put(self.key.clone(), bytes.clone(), None));
-        }
+        let all = self.with_checkpoint_put(ops, Some(&bytes))?;
         let txn = match after {
             None => guarded(&self.key, self.mod_revision, all),
             Some(before) => {

@@ -69,14 +69,7 @@ impl Tail {
         link.drain().await?;
         let last = batch.last_revision();
         let ops: Vec<Op> = batch.ops().cloned().collect();
-        let mut next = link.writer().record().applied_to(last, self.scan_end);
-        if link.writer().record().scanning && !next.scanning {
-            // This batch ends the initial sync: the record keeps when (status reads it back).
-            next.initial_sync_completed = now_rfc3339();
-        }
-        if let Some(time) = self.confirmer.confirmed_by(last, self.scan_end) {
-            next = next.confirmed_at(time);
-        }
+        let next = self.record_after(link.writer().record(), last);
         let (ops, guards) = resolve_runs(link, ops, last).await?;
         if batch.revisions.len() > 1 && !link.applier().0.holds(ops.len()) {
             // Merged for a higher per-level limit than the target turned out to allow: no
@@ -164,11 +157,22 @@ impl Tail {
         let last = batch.last_revision();
         let ops: Vec<Op> = batch.ops().cloned().collect();
         let (applier, mut hooks) = link.applier();
-        let mut next = applier.latest().applied_to(last, None);
-        if let Some(time) = self.confirmer.confirmed_by(last, None) {
-            next = next.confirmed_at(time);
-        }
+        let next = self.record_after(applier.latest(), last);
         applier.send(&ops, next, batch.revisions.len(), &mut hooks).await
+    }
+
+    /// The record a batch ending at source revision `last` moves the fence to from `base`: the
+    /// watermark, the end of the initial sync (the record keeps when: status reads it back),
+    /// and `confirmed_time` when the source was last seen at or below `last`.
+    fn record_after(&self, base: &Checkpoint, last: i64) -> Checkpoint {
+        let mut next = base.applied_to(last, self.scan_end);
+        if base.scanning && !next.scanning {
+            next.initial_sync_completed = now_rfc3339();
+        }
+        match self.confirmer.confirmed_by(last, self.scan_end) {
+            Some(time) => next.confirmed_at(time),
+            None => next,
+        }
     }
 }
 

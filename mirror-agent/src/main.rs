@@ -221,11 +221,17 @@ fn main() -> ExitCode {
 /// adoption and the stop grace were added. The stack is address space; only touched pages cost
 /// memory.
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_stack_size(8 << 20)
-        .build()
-        .expect("tokio runtime")
+    runtime_with(None)
+}
+
+/// [`runtime`] with `workers` worker threads (None: tokio's default, one per core, or
+/// `TOKIO_WORKER_THREADS`).
+pub(crate) fn runtime_with(workers: Option<usize>) -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder.enable_all().thread_stack_size(8 << 20).build().expect("tokio runtime")
 }
 
 fn status(url: &str, json: bool, watch: bool) -> ExitCode {

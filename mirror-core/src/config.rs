@@ -185,6 +185,9 @@ pub struct SyncSection {
     /// Exact mode: target Txns in flight at most (1 = one at a time); a second is sent only
     /// while revisions wait, and with `ha.enabled` one at a time.
     pub exact_txns_in_flight: i64,
+    /// Exact mode: the least time between two sends while a Txn is in flight (etcd reorders
+    /// requests that reach it together, SPEC §11).
+    pub exact_txn_spacing: HumanDuration,
     /// Compact mode: the tail's target Txns in flight at most (1 = one at a time, each sent
     /// once the one before it landed); a later one compares the checkpoint with what the one
     /// before it stores.
@@ -224,7 +227,8 @@ impl Default for SyncSection {
             revisions: Revisions::Compact,
             exact_lease_hold: HumanDuration::secs(3600),
             exact_seed: String::new(),
-            exact_txns_in_flight: 1,
+            exact_txns_in_flight: 2,
+            exact_txn_spacing: HumanDuration(std::time::Duration::from_micros(100)),
             txns_in_flight: 1,
         }
     }

@@ -343,6 +343,7 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
     cfg.validate().unwrap();
     assert!(cfg.exact());
     assert_eq!(cfg.sync.exact_lease_hold.get(), std::time::Duration::from_secs(3600));
+    assert_eq!(cfg.sync.exact_txn_spacing.get(), std::time::Duration::from_micros(100));
     assert_eq!(cfg.checkpoint_key(), b"\0etcd-mirror/k8s-dr/checkpoint");
 
     let bad = EXACT
@@ -350,13 +351,14 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
         .replace("[target]\n", "[target]\nprefix = \"/registry/\"\n")
         .replace(
             "leases = \"preserve\"\n",
-            "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\ntxns_in_flight = 2\n",
+            "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\ntxns_in_flight = 2\n\
+             exact_txn_spacing = \"20ms\"\n",
         )
         + "[initial_sync]\nmode = \"overwrite\"\n[checkpoint]\nkey = \"\\u0000etcd-mirror/cp\"\n\
            [reconcile]\ndelete_orphans = true\n";
     let fields: Vec<String> = violations(Config::from_toml_str(&bad).unwrap().validate())
         .into_iter()
-        .filter(|v| v.rule.contains("exact") || v.field == "sync.exact_lease_hold")
+        .filter(|v| v.rule.contains("exact") || v.field.starts_with("sync.exact_"))
         .map(|v| v.field)
         .collect();
     assert_eq!(
@@ -368,6 +370,7 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
             "source.prefix",
             "sync.dest_prefix",
             "sync.exact_lease_hold",
+            "sync.exact_txn_spacing",
             "sync.exclude_prefixes",
             "sync.leases",
             "sync.txns_in_flight",

@@ -44,6 +44,7 @@ mod reason;
 mod reload;
 mod shell;
 mod side;
+mod spacing;
 mod status;
 mod stride;
 #[cfg(any(test, feature = "testing"))]
@@ -76,6 +77,7 @@ pub use pager::{Pager, PagerOptions, RESPONSE_LIMIT, START_LIMIT};
 pub use reason::Reason;
 pub use reload::{changed_fields, sort_changes, Applies};
 pub use shell::{delete_commands, shell_quote};
+pub use spacing::Spacer;
 pub use status::{
     now_rfc3339, process_memory, AgentRole, CutoverStatus, ExactStatus, ExcludedKeys, ForcedResyncs,
     HaStatus, InitialSyncStatus, LastError, LastReconcile, LeaseStatus, Phase, SideStatus, Status,

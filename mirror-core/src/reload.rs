@@ -65,6 +65,7 @@ impl Applies {
             | "sync.exact_lease_hold"
             | "sync.exact_seed"
             | "sync.exact_txns_in_flight"
+            | "sync.exact_txn_spacing"
             | "sync.txns_in_flight" => Applies::NextRun,
             "sync.txn_flush_bytes"
             | "sync.page_key_limit"

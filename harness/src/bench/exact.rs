@@ -2,10 +2,11 @@
 //! - the target's own ceiling for ordered, fenced single-revision Txns of one shape (compare
 //!   the fence key's mod revision with R-1, put one key and the fence key), sent serially and
 //!   with 2 and 4 in flight by a probe independent of the agent, resending in order from a Txn
-//!   etcd ran too early (SPEC §11);
+//!   etcd ran too early (SPEC §11), the ones in flight sent back to back and spaced as the
+//!   agent spaces them (`sync.exact_txn_spacing`);
 //! - the exact tail's lag (put acknowledged on the source to seen on the target) at the rates
-//!   asked, open loop, and the highest rate of a ladder it keeps up with (p99 <= 100 ms, and a
-//!   watch on the source itself keeping up);
+//!   asked, open loop, and the highest rate of a ladder (250/s steps above them, up to the best
+//!   ceiling) it keeps up with (p99 <= 100 ms, and a watch on the source itself keeping up);
 //! - compact mode's lag at the same rates and 2 000/s on a fresh pair, for comparison, with one
 //!   Txn at a time and with a second sent behind the first (`sync.txns_in_flight = 2`).
 
@@ -15,6 +16,8 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt as _;
 use tokio::time::Instant;
+
+use mirror_core::{Spacer, SyncSection};
 
 use super::{ms, tail_lag, BenchPlan};
 use crate::exact::{exact_config, seed};
@@ -31,15 +34,26 @@ const KEPT_UP_P99: Duration = Duration::from_millis(100);
 pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     let version = plan.version;
     println!("exact revisions (sync.revisions = \"exact\"), etcd {version}:");
-    let mut best = 0.0f64;
-    for window in [1usize, 2, 4] {
+    let spacing = SyncSection::default().exact_txn_spacing.get();
+    let (mut best, mut serial) = (0.0f64, 0.0f64);
+    for (window, gap) in
+        [(1usize, Duration::ZERO), (2, Duration::ZERO), (4, Duration::ZERO), (2, spacing), (4, spacing)]
+    {
         let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
-        let (rate, resent) = probe_ceiling(&target.client().await?, window).await?;
+        let (rate, resent) = probe_ceiling(&target.client().await?, window, gap).await?;
+        let how = match (window, gap.is_zero()) {
+            (1, _) => "1 in flight".to_owned(),
+            (_, true) => format!("{window} in flight back to back"),
+            (_, false) => format!("{window} in flight {} us apart", gap.as_micros()),
+        };
         println!(
-            "  target ceiling, ordered fenced 1-revision Txns, {window} in flight: {rate:>7.0} Txns/s ({:.1} % sent again)",
+            "  target ceiling, ordered fenced 1-revision Txns, {how}: {rate:>7.0} Txns/s ({:.1} % sent again)",
             resent * 100.0
         );
         best = best.max(rate);
+        if window == 1 {
+            serial = rate;
+        }
     }
 
     for &rate in &plan.exact_rates {
@@ -61,7 +75,10 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     let agent = AgentProcess::start(&cfg).await?;
     let dst = target.client().await?;
     let mut kept_up = None;
-    let ladder: Vec<u32> = plan.exact_rates.iter().copied().chain([1250, 1500, 1750, 2000]).collect();
+    // The rates asked, then 250/s steps above the highest of them up to the best ceiling.
+    let top = plan.exact_rates.iter().copied().max().unwrap_or(0);
+    let steps = (1..).map(|i| top + 250 * i).take_while(|r| f64::from(*r) <= best);
+    let ladder: Vec<u32> = plan.exact_rates.iter().copied().chain(steps).collect();
     for (i, &rate) in ladder.iter().enumerate() {
         let asked = i < plan.exact_rates.len();
         if !asked && kept_up.is_none_or(|k| k < ladder[i - 1]) {
@@ -83,9 +100,10 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     let resent = agent.status().await?.exact.map_or(0, |e| e.resent);
     match kept_up {
         Some(rate) => println!(
-            "  highest rate the exact tail kept up with (p99 <= {} ms): {rate} revisions/s = {:.2} x the best ceiling ({resent} Txns sent again)",
+            "  highest rate the exact tail kept up with (p99 <= {} ms): {rate} revisions/s = {:.2} x the best ceiling, {:.2} x the serial one ({resent} Txns sent again)",
             ms(KEPT_UP_P99),
-            rate as f64 / best
+            rate as f64 / best,
+            rate as f64 / serial
         ),
         None => println!("  the exact tail kept up with none of the rates (p99 <= {} ms)", ms(KEPT_UP_P99)),
     }
@@ -145,9 +163,10 @@ async fn probe_lag(client: &Client, rate: u32, seconds: u64) -> anyhow::Result<V
 }
 
 /// Txns/s of ordered fenced single-revision Txns with `window` in flight for
-/// [`PROBE_SECONDS`], and the share sent again (etcd ran a later one first: it failed its
-/// compare, and it and those behind it were sent again in order).
-async fn probe_ceiling(client: &Client, window: usize) -> anyhow::Result<(f64, f64)> {
+/// [`PROBE_SECONDS`], each sent at least `gap` after the one before while that one is in
+/// flight (as the agent's [`Spacer`]), and the share sent again (etcd ran a later one first: it
+/// failed its compare, and it and those behind it were sent again in order).
+async fn probe_ceiling(client: &Client, window: usize, gap: Duration) -> anyhow::Result<(f64, f64)> {
     let fence = b"/probe/fence".to_vec();
     let mut kv = client.kv_client();
     let head = kv.put(fence.clone(), "0", None).await?.header().map_or(0, |h| h.revision());
@@ -160,11 +179,19 @@ async fn probe_ceiling(client: &Client, window: usize) -> anyhow::Result<(f64, f
     let (start, until) = (Instant::now(), Instant::now() + Duration::from_secs(PROBE_SECONDS));
     let (mut landed, mut next, mut sent, mut again) = (head, head + 1, 0u64, 0u64);
     let mut flight = FuturesOrdered::new();
+    let mut spacer = Spacer::new(gap);
     while Instant::now() < until {
         while flight.len() < window {
+            if flight.is_empty() {
+                spacer.idle();
+            }
+            spacer.send().await;
+            // Sent now, on a task of its own, not when the flight is next polled.
             let mut kv = kv.clone();
             let t = txn(next);
-            flight.push_back(async move { kv.txn(t).await });
+            let sending =
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move { kv.txn(t).await }));
+            flight.push_back(async move { anyhow::Ok(sending.await??) });
             next += 1;
             sent += 1;
         }

@@ -11,7 +11,8 @@ use mirror_core::Phase;
 
 use super::{assert_exact, cluster, keep_alive};
 
-/// Several Txns in flight (`exact_txns_in_flight = 4`) under an open-loop burst: etcd runs some
+/// Several Txns in flight (`exact_txns_in_flight = 4`), sent back to back (`exact_txn_spacing =
+/// "0s"`: the default spacing keeps most in order) under an open-loop burst: etcd runs some
 /// out of order, they fail their fence compare and are sent again in order (counted in
 /// `exact.resent`), and the replica is exact, its history the source's event for event.
 #[tokio::test]
@@ -21,7 +22,8 @@ async fn txns_in_flight_land_in_order_whatever_etcd_runs_first() {
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
     let r0 = seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr").overlay("[sync]\nexact_txns_in_flight = 4");
+    let cfg = exact_config(&source, &target, "k8s-dr")
+        .overlay("[sync]\nexact_txns_in_flight = 4\nexact_txn_spacing = \"0s\"");
     let agent = AgentProcess::start(&cfg).await.unwrap();
     Churn::new("/registry/pods/", 3000, 1500, 200).with_leases().spawn(src.clone()).await.unwrap().unwrap();
     let mut dst = target.client().await.unwrap();

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side,
+    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
 };
 use mirror_fence::{Answer, Checkpoint, Landing, RevisionTxn, Role};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 use super::compaction::{learn_compaction, Following, COMPACTION_CHECK};
@@ -44,6 +45,8 @@ pub(super) struct Tail<'c> {
     backoff: ExponentialBackoff,
     /// The range fingerprint every record carries (computed once).
     range: String,
+    /// Keeps a Txn sent behind another from reaching etcd together with it.
+    spacer: Spacer,
 }
 
 impl<'c> Tail<'c> {
@@ -58,6 +61,7 @@ impl<'c> Tail<'c> {
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
+        let spacer = Spacer::new(sync.exact_txn_spacing.get());
         Tail {
             cfg,
             source,
@@ -69,6 +73,7 @@ impl<'c> Tail<'c> {
             received,
             backoff,
             range,
+            spacer,
         }
     }
 
@@ -228,7 +233,20 @@ impl<'c> Tail<'c> {
             let (mut kv, t) = (self.target.kv_client(), timeout(self.cfg));
             let request = txn.to_txn(self.placed.fence.key());
             let after_landed = self.placed.watermark == rev.revision - 1;
-            let send = Box::pin(async move { unary("exact txn", Side::Target, t, kv.txn(request)).await });
+            if flight.sent.is_empty() {
+                self.spacer.idle();
+            }
+            self.spacer.send().await;
+            // Sent now, on a task of its own, not when the tail next polls its answers: the
+            // spacing is between the requests themselves.
+            let task = AbortOnDropHandle::new(tokio::spawn(async move {
+                unary("exact txn", Side::Target, t, kv.txn(request)).await
+            }));
+            // The task is aborted only with its handle, so it ends in an answer or a panic.
+            let send =
+                Box::pin(
+                    async move { task.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())) },
+                );
             flight.send(rev, txn, after_landed, send);
         }
         Ok(())

@@ -8,6 +8,7 @@
 //! only while revisions wait, so an unloaded link sends one at a time.
 
 use std::collections::VecDeque;
+use std::future::Future;
 
 use etcd_client::TxnResponse;
 use futures::future::BoxFuture;
@@ -15,6 +16,7 @@ use futures::stream::FuturesOrdered;
 use futures::StreamExt as _;
 use mirror_core::{EtcdError, ExactRevision};
 use mirror_fence::RevisionTxn;
+use tokio_util::task::AbortOnDropHandle;
 
 /// An answer as the pipeline needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,16 +77,22 @@ impl Flight {
 
     /// Sends `txn` for `rev` with `send`; `after_landed`: its predecessor's landing was judged
     /// before (then etcd cannot have run it too early, and a fence compare it fails as if it had
-    /// is another writer's doing).
+    /// is another writer's doing). The request goes now, on a task of its own, not when the
+    /// answers are next polled: two sent between polls would reach etcd together, which the
+    /// tail's spacing is there to avoid.
     pub(super) fn send(
         &mut self,
         rev: ExactRevision,
         txn: RevisionTxn,
         after_landed: bool,
-        send: BoxFuture<'static, Result<TxnResponse, EtcdError>>,
+        send: impl Future<Output = Result<TxnResponse, EtcdError>> + Send + 'static,
     ) {
         self.sent.push_back(Sent { rev, txn, after_landed, at: tokio::time::Instant::now() });
-        self.answers.push_back(send);
+        let task = AbortOnDropHandle::new(tokio::spawn(send));
+        // Aborted only with its handle (the flight dropped), so it ends in an answer or a panic.
+        self.answers.push_back(Box::pin(async move {
+            task.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        }));
     }
 
     /// The next answer, in send order (pending forever while nothing is in flight).

@@ -11,7 +11,6 @@ use mirror_core::{
 use mirror_fence::{Answer, Checkpoint, Landing, RevisionTxn, Role};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 use super::compaction::{learn_compaction, Following, COMPACTION_CHECK};
@@ -19,6 +18,8 @@ use super::flight::{landed_prefix, Flight, Verdict};
 use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
 use super::seed::Placed;
+
+mod fence;
 use super::{timeout, Stop};
 use crate::reporter::Reporter;
 
@@ -237,16 +238,7 @@ impl<'c> Tail<'c> {
                 self.spacer.idle();
             }
             self.spacer.send().await;
-            // Sent now, on a task of its own, not when the tail next polls its answers: the
-            // spacing is between the requests themselves.
-            let task = AbortOnDropHandle::new(tokio::spawn(async move {
-                unary("exact txn", Side::Target, t, kv.txn(request)).await
-            }));
-            // The task is aborted only with its handle, so it ends in an answer or a panic.
-            let send =
-                Box::pin(
-                    async move { task.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())) },
-                );
+            let send = async move { unary("exact txn", Side::Target, t, kv.txn(request)).await };
             flight.send(rev, txn, after_landed, send);
         }
         Ok(())
@@ -431,32 +423,6 @@ impl<'c> Tail<'c> {
             excludes: Vec::new(),
             source_seen: self.seen.max(revision),
         }
-    }
-
-    /// The check that nothing but the link wrote the target since its last Txn: the target's
-    /// revision is still the one its checkpoint was put at (another replica's Txns included),
-    /// and that is not behind what this agent landed. `also` names what prompted it.
-    async fn check_fence(&mut self, also: &str) -> Result<(), Stop> {
-        let key = self.placed.fence.key().to_vec();
-        let mut kv = self.target.kv_client();
-        let resp = unary("read checkpoint", Side::Target, timeout(self.cfg), kv.get(key, None)).await?;
-        let head = resp.header().map_or(0, |h| h.revision());
-        let record = resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()).ok());
-        if let Some(record) = record.filter(|r| r.role == Role::Primary) {
-            return Err(super::seed::promoted(&record));
-        }
-        let at = resp.kvs().first().map_or(self.placed.fence.seed(), |kv| kv.mod_revision());
-        if head != at || at < self.placed.watermark {
-            return Err(Stop::lost(
-                Reason::ForeignWrite,
-                format!(
-                    "the target is at revision {head}, its checkpoint at {at}, and this agent landed up to source \
-                     revision {}: something other than the link wrote the target{also}",
-                    self.placed.watermark
-                ),
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -32,23 +32,22 @@ impl Spacer {
         Spacer { gap, last: None, timer: None }
     }
 
-    /// Waits until `gap` has passed since the last send, then counts now as the next send.
-    /// Without a timer (the system refused one) sends are no longer spaced: they stay correct
-    /// (a Txn etcd ran too early goes again), only slower.
-    pub async fn send(&mut self) {
-        let left = self.last.map_or(Duration::ZERO, |last| self.gap.saturating_sub(last.elapsed()));
+    /// Counts now as a send. `behind`: another is still in flight, so this one first waits
+    /// until `gap` has passed since the last send; with none in flight there is nothing to
+    /// overtake and it goes at once. Without a timer (the system refused one) sends are no
+    /// longer spaced: they stay correct (a Txn etcd ran too early goes again), only slower.
+    pub async fn send(&mut self, behind: bool) {
+        let left = match self.last {
+            Some(last) if behind => self.gap.saturating_sub(last.elapsed()),
+            _ => Duration::ZERO,
+        };
         if !left.is_zero() {
             if let Err(e) = self.wait(left).await {
-                warn!("no timer for spacing the exact tail's Txns ({e}); they go unspaced");
+                warn!("no timer for spacing Txns in flight ({e}); they go unspaced");
                 self.gap = Duration::ZERO;
             }
         }
         self.last = Some(Instant::now());
-    }
-
-    /// Forgets the last send: the next one goes at once (nothing is in flight to overtake).
-    pub fn idle(&mut self) {
-        self.last = None;
     }
 
     async fn wait(&mut self, left: Duration) -> io::Result<()> {
@@ -91,27 +90,26 @@ mod tests {
 
     use super::Spacer;
 
-    /// The second send waits out the gap, far finer than tokio's millisecond timer; the first,
-    /// and one after `idle`, go at once.
+    /// A send behind another waits out the gap (at least, and not for ever); the first, and one
+    /// with nothing in flight, go at once.
     #[tokio::test]
     async fn sends_are_kept_apart_by_the_gap() {
         let gap = Duration::from_micros(300);
         let mut spacer = Spacer::new(gap);
         let start = tokio::time::Instant::now();
-        spacer.send().await;
+        spacer.send(false).await;
         assert!(start.elapsed() < gap, "the first send waited");
         let mut gaps = Vec::new();
         for _ in 0..20 {
             let before = tokio::time::Instant::now();
-            spacer.send().await;
+            spacer.send(true).await;
             gaps.push(before.elapsed());
         }
         assert!(gaps.iter().all(|g| *g >= gap - Duration::from_micros(20)), "{gaps:?}");
         gaps.sort();
         assert!(gaps[10] < Duration::from_millis(5), "median {:?}", gaps[10]);
-        spacer.idle();
         let before = tokio::time::Instant::now();
-        spacer.send().await;
-        assert!(before.elapsed() < gap, "a send after idle waited");
+        spacer.send(false).await;
+        assert!(before.elapsed() < gap, "a send with nothing in flight waited");
     }
 }

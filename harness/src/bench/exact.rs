@@ -182,10 +182,7 @@ async fn probe_ceiling(client: &Client, window: usize, gap: Duration) -> anyhow:
     let mut spacer = Spacer::new(gap);
     while Instant::now() < until {
         while flight.len() < window {
-            if flight.is_empty() {
-                spacer.idle();
-            }
-            spacer.send().await;
+            spacer.send(!flight.is_empty()).await;
             // Sent now, on a task of its own, not when the flight is next polled.
             let mut kv = kv.clone();
             let t = txn(next);

@@ -234,10 +234,7 @@ impl<'c> Tail<'c> {
             let (mut kv, t) = (self.target.kv_client(), timeout(self.cfg));
             let request = txn.to_txn(self.placed.fence.key());
             let after_landed = self.placed.watermark == rev.revision - 1;
-            if flight.sent.is_empty() {
-                self.spacer.idle();
-            }
-            self.spacer.send().await;
+            self.spacer.send(!flight.sent.is_empty()).await;
             let send = async move { unary("exact txn", Side::Target, t, kv.txn(request)).await };
             flight.send(rev, txn, after_landed, send);
         }

@@ -95,7 +95,7 @@ impl Config {
         if !(1..=16).contains(&self.sync.exact_txns_in_flight) {
             v.add("sync.exact_txns_in_flight", "must be 1-16");
         }
-        if self.sync.exact_txn_spacing.get() > std::time::Duration::from_millis(10) {
+        if self.sync.exact_txn_spacing.get() > crate::spacing::MAX_GAP {
             v.add("sync.exact_txn_spacing", "must be at most 10ms (a Txn takes about a millisecond)");
         }
         if self.sync.exact_lease_hold.get().as_secs() < 60 {

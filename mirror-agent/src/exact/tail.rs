@@ -46,7 +46,8 @@ pub(super) struct Tail<'c> {
     backoff: ExponentialBackoff,
     /// The range fingerprint every record carries (computed once).
     range: String,
-    /// Keeps a Txn sent behind another from reaching etcd together with it.
+    /// Keeps a Txn sent behind another from reaching etcd together with it, and spreads the
+    /// Txns in flight over the time one takes.
     spacer: Spacer,
 }
 
@@ -62,7 +63,7 @@ impl<'c> Tail<'c> {
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
-        let spacer = Spacer::new(sync.exact_txn_spacing.get());
+        let spacer = Spacer::paced(sync.exact_txn_spacing.get(), sync.exact_txns_in_flight as usize);
         Tail {
             cfg,
             source,
@@ -273,6 +274,7 @@ impl<'c> Tail<'c> {
             let rev = sent.rev;
             if here {
                 reporter.txn_landed(rev.changes.len(), sent.at.elapsed());
+                self.spacer.took(sent.at.elapsed());
             }
             self.backoff.reset();
             let needed = flight.still_needed(&rev);

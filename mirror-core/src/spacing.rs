@@ -1,16 +1,16 @@
 //! Spacing between Txns sent behind one another (the exact tail's, SPEC §11). Two requests
 //! that reach etcd together often reach raft in the opposite order (measured; our reading, not
 //! traced in etcd's code, is a goroutine per request with the later one run first), so the
-//! second fails its fence compare and is sent again. Sent a few tens of microseconds apart they keep their order: `harness bench`'s
-//! probe, two in flight, resent 41 % back to back, 17 % 30 us apart, 5 % 100 us apart, and
+//! second fails its fence compare and is sent again. Sent a few tens of microseconds apart
+//! they keep their order: `harness bench`'s probe, two in flight, resent 41 % back to back, 17 % 30 us apart, 5 % 100 us apart, and
 //! landed 1.5 x the serial rate at 100 us (3.5.30, 2 cores).
 //!
 //! Paced ([`Spacer::paced`]), the gap also grows to the time a Txn recently took divided by the
 //! Txns in flight, so a full window's Txns are spread evenly over one Txn's time: as many are
 //! in flight as before (the rate stays a window per Txn time), but they reach etcd as far
 //! apart as they can be. Where the target is slow because the machine is busy, a fixed 100 us
-//! still let about one Txn sent in four overtake its predecessor, each one a wasted Txn on a target with
-//! no capacity to spare; paced, about one in thirty did, and the exact tail landed 1.07-1.16 x
+//! still let about one Txn sent in four overtake its predecessor, each one a wasted Txn on a
+//! target with no capacity to spare; paced, about one in thirty did, and the exact tail landed 1.07-1.16 x
 //! as many revisions per second (alternating runs, 3.5.30 on 2 cores shared with the source,
 //! README).
 //!

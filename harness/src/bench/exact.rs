@@ -110,7 +110,7 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     }
     let resent = agent.status().await?.exact.map_or(0, |e| e.resent);
     drop(agent);
-    // The first rate the tail did not keep up with, or the top of the ladder.
+    // The first rate the tail did not keep up with (none when it kept up with every rung).
     let failed = ladder.iter().copied().find(|r| kept_up.is_none_or(|k| *r > k));
     let beside = match failed {
         Some(rate) => Some((rate, probe_beside_load(version, rate, spacing).await?)),
@@ -187,8 +187,9 @@ async fn probe_lag(client: &Client, rate: u32, seconds: u64) -> anyhow::Result<V
 
 /// Txns/s of ordered fenced single-revision Txns with `window` in flight for
 /// [`PROBE_SECONDS`], each sent after the one before as `spacer` has it while that one is in
-/// flight (as the agent's [`Spacer`], told each Txn's time), and the share sent again (etcd ran a later one first: it
-/// failed its compare, and it and those behind it were sent again in order).
+/// flight (as the agent's [`Spacer`], told each Txn's time), and the share sent again (etcd
+/// ran a later one first: it failed its compare, and it and those behind it were sent again
+/// in order).
 async fn probe_ceiling(client: &Client, window: usize, mut spacer: Spacer) -> anyhow::Result<(f64, f64)> {
     let fence = b"/probe/fence".to_vec();
     let mut kv = client.kv_client();
@@ -239,11 +240,11 @@ async fn probe_ceiling(client: &Client, window: usize, mut spacer: Spacer) -> an
     Ok((rate, again as f64 / sent.max(1) as f64))
 }
 
-/// The target's ceiling (the better of serial and 2 in flight `gap` apart) while a source on
-/// the same machine takes `rate` puts/s, open loop, watched twice (the agent's watch and the
-/// bench's own), and the target is watched where the probe writes (the bench's watch of the
-/// target): the ceiling the exact tail meets at that rate, without the agent. Printed; the
-/// better one returned.
+/// The target's ceiling (the best of serial, 2 in flight `gap` apart and 2 paced) while a
+/// source on the same machine takes `rate` puts/s, open loop, watched twice (the agent's watch
+/// and the bench's own), and the target is watched where the probe writes (the bench's watch
+/// of the target): the ceiling the exact tail meets at that rate, without the agent. Each is
+/// printed; the best is returned.
 async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> anyhow::Result<f64> {
     let mut best = 0.0f64;
     for (window, gap, paced) in [(1usize, Duration::ZERO, false), (2, gap, false), (2, gap, true)] {

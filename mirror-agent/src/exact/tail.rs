@@ -273,8 +273,9 @@ impl<'c> Tail<'c> {
             let sent = flight.sent.pop_front().expect("checked");
             let rev = sent.rev;
             if here {
-                reporter.txn_landed(rev.changes.len(), sent.at.elapsed());
-                self.spacer.took(sent.at.elapsed());
+                let took = sent.at.elapsed();
+                reporter.txn_landed(rev.changes.len(), took);
+                self.spacer.took(took);
             }
             self.backoff.reset();
             let needed = flight.still_needed(&rev);

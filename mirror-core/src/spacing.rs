@@ -79,21 +79,39 @@ impl Spacer {
 
     /// Counts now as a send. `behind`: another is still in flight, so this one first waits
     /// until the gap ([`Spacer::gap`]) has passed since the last send; with none in flight
-    /// there is nothing to overtake and it goes at once. Without a timer (the system refused
-    /// one) sends are no longer spaced: they stay correct (a Txn etcd ran too early goes
-    /// again), only slower.
+    /// there is nothing to overtake and it goes at once.
     pub async fn send(&mut self, behind: bool) {
-        let left = match self.last {
+        self.pause(self.left(behind)).await;
+        self.sent();
+    }
+
+    /// How long a send now still waits: the gap less the time since the last send when
+    /// `behind` another in flight; zero otherwise. A caller that can do something else meanwhile
+    /// (such as take the answer that leaves the send no longer behind) waits it out with
+    /// [`Spacer::pause`] beside that, then counts the send with [`Spacer::sent`].
+    pub fn left(&self, behind: bool) -> Duration {
+        match self.last {
             Some(last) if behind => self.gap().saturating_sub(last.elapsed()),
             _ => Duration::ZERO,
-        };
-        if !left.is_zero() {
-            if let Err(e) = self.wait(left).await {
-                warn!("no timer for spacing Txns in flight ({e}); they go unspaced");
-                self.gap = Duration::ZERO;
-            }
         }
+    }
+
+    /// Counts now as a send.
+    pub fn sent(&mut self) {
         self.last = Some(Instant::now());
+    }
+
+    /// Waits `left` (at once when zero) on the timer. Without a timer (the system refused one)
+    /// sends are no longer spaced: they stay correct (a Txn etcd ran too early goes again), only
+    /// slower.
+    pub async fn pause(&mut self, left: Duration) {
+        if left.is_zero() {
+            return;
+        }
+        if let Err(e) = self.wait(left).await {
+            warn!("no timer for spacing Txns in flight ({e}); they go unspaced");
+            self.gap = Duration::ZERO;
+        }
     }
 
     async fn wait(&mut self, left: Duration) -> io::Result<()> {
@@ -162,6 +180,21 @@ mod tests {
             slow.send(false).await;
             assert!(before.elapsed() < Duration::from_millis(500), "a send with nothing in flight waited");
         }
+    }
+
+    /// What a send still waits: the gap since the last send when behind another, nothing when
+    /// not behind or once the gap has passed.
+    #[tokio::test]
+    async fn left_is_the_gap_still_to_wait_behind_a_send() {
+        let gap = Duration::from_millis(200);
+        let mut spacer = Spacer::new(gap);
+        assert_eq!(spacer.left(true), Duration::ZERO, "nothing sent yet");
+        spacer.sent();
+        let left = spacer.left(true);
+        assert!(left > Duration::ZERO && left <= gap, "{left:?}");
+        assert_eq!(spacer.left(false), Duration::ZERO, "nothing in flight to overtake");
+        spacer.pause(left).await;
+        assert_eq!(spacer.left(true), Duration::ZERO, "the gap has passed");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use etcd_client::Client;
 use mirror_core::{
     now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
 };
-use mirror_fence::{Answer, Checkpoint, Landing, RevisionTxn, Role};
+use mirror_fence::{Answer, Landing};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -49,6 +49,9 @@ pub(super) struct Tail<'c> {
     /// Keeps a Txn sent behind another from reaching etcd together with it, and spreads the
     /// Txns in flight over the time one takes.
     spacer: Spacer,
+    /// When the next Txn, built and waiting behind one in flight, may go: it is sent then, or
+    /// at once should the one ahead be answered first (nothing left to overtake).
+    spaced: Option<tokio::time::Instant>,
 }
 
 impl<'c> Tail<'c> {
@@ -76,6 +79,7 @@ impl<'c> Tail<'c> {
             backoff,
             range,
             spacer,
+            spaced: None,
         }
     }
 
@@ -177,6 +181,9 @@ impl<'c> Tail<'c> {
                     }
                 }
                 _ = fence.tick() => self.check_fence("").await?,
+                _ = self.spacer.pause(left_until(self.spaced)), if self.spaced.is_some() => {
+                    self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
+                }
                 answer = flight.next_answer(), if !flight.sent.is_empty() => {
                     self.on_answer(answer, &mut flight, &mut leases, &mut replicas, reporter).await?;
                     self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
@@ -202,7 +209,9 @@ impl<'c> Tail<'c> {
 
     /// Sends what the window has room for, in order: a revision another replica landed is
     /// completed without a Txn; each other one gets its leases granted and its Txn built (once:
-    /// a resend sends the same Txn).
+    /// a resend sends the same Txn). A Txn behind one in flight that must wait for the spacing
+    /// is built, and left first in line until [`Tail::spaced`]: the loop takes answers
+    /// meanwhile, and the one that leaves it no longer behind sends it at once.
     async fn send_more(
         &mut self,
         flight: &mut Flight,
@@ -210,6 +219,7 @@ impl<'c> Tail<'c> {
         replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
+        self.spaced = None;
         while flight.room() {
             if replicas.active() {
                 // HA: one Txn at a time, each only when it is this replica's turn.
@@ -232,10 +242,16 @@ impl<'c> Tail<'c> {
                     self.build(&rev, leases.take_riders())?
                 }
             };
+            let left = self.spacer.left(!flight.sent.is_empty());
+            if !left.is_zero() {
+                flight.waiting.push_front((rev, Some(txn)));
+                self.spaced = Some(tokio::time::Instant::now() + left);
+                break;
+            }
             let (mut kv, t) = (self.target.kv_client(), timeout(self.cfg));
             let request = txn.to_txn(self.placed.fence.key());
             let after_landed = self.placed.watermark == rev.revision - 1;
-            self.spacer.send(!flight.sent.is_empty()).await;
+            self.spacer.sent();
             let send = async move { unary("exact txn", Side::Target, t, kv.txn(request)).await };
             flight.send(rev, txn, after_landed, send);
         }
@@ -385,45 +401,11 @@ impl<'c> Tail<'c> {
         }
         Ok(queued)
     }
+}
 
-    /// Txn `rev.revision`, with the lease records `riders` carries.
-    fn build(&self, rev: &ExactRevision, riders: Vec<etcd_client::TxnOp>) -> Result<RevisionTxn, Stop> {
-        let record = self.record(rev.revision).encode().map_err(|e| {
-            Stop::lost(
-                Reason::InvalidCheckpointRecord,
-                format!("the checkpoint record cannot be written: {e}"),
-            )
-        })?;
-        let per_level = mirror_fence::ops_per_level(self.cfg.sync.max_txn_ops);
-        self.placed.fence.txn(rev, record, riders, per_level).map_err(|e| {
-            Stop::lost(Reason::RevisionTooLarge, format!("source revision {}: {e}", rev.revision))
-        })
-    }
-
-    /// The record Txn `revision` puts.
-    fn record(&self, revision: i64) -> Checkpoint {
-        let cfg = self.cfg;
-        Checkpoint {
-            link_uid: cfg.link_uid.clone(),
-            epoch: cfg.epoch as u64,
-            role: Role::Mirror,
-            watermark: revision,
-            scanning: false,
-            scan_cursor: Vec::new(),
-            prune_pending: false,
-            source_cluster_id: self.placed.source_cluster,
-            target_cluster_id: self.placed.target_cluster,
-            agent_id: self.me.clone(),
-            commit: String::new(),
-            range: self.range.clone(),
-            confirmed_time: now_rfc3339(),
-            forced_resyncs: 0,
-            scan_restarts: 0,
-            initial_sync_completed: String::new(),
-            excludes: Vec::new(),
-            source_seen: self.seen.max(revision),
-        }
-    }
+/// The time from now until `at` (zero when past, or none).
+fn left_until(at: Option<tokio::time::Instant>) -> Duration {
+    at.map_or(Duration::ZERO, |at| at.saturating_duration_since(tokio::time::Instant::now()))
 }
 
 /// Updates the `exact` section of the status.

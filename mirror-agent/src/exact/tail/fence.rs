@@ -1,7 +1,8 @@
-//! The tail's check of the fence between Txns: that nothing but the link wrote the target.
+//! The tail's fence: each revision's Txn with the checkpoint record it puts, and the check
+//! between Txns that nothing but the link wrote the target.
 
-use mirror_core::{unary, Reason, Side};
-use mirror_fence::{Checkpoint, Role};
+use mirror_core::{now_rfc3339, unary, ExactRevision, Reason, Side};
+use mirror_fence::{Checkpoint, RevisionTxn, Role};
 
 use super::super::{timeout, Stop};
 use super::Tail;
@@ -31,5 +32,48 @@ impl Tail<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// Txn `rev.revision`, with the lease records `riders` carries.
+    pub(super) fn build(
+        &self,
+        rev: &ExactRevision,
+        riders: Vec<etcd_client::TxnOp>,
+    ) -> Result<RevisionTxn, Stop> {
+        let record = self.record(rev.revision).encode().map_err(|e| {
+            Stop::lost(
+                Reason::InvalidCheckpointRecord,
+                format!("the checkpoint record cannot be written: {e}"),
+            )
+        })?;
+        let per_level = mirror_fence::ops_per_level(self.cfg.sync.max_txn_ops);
+        self.placed.fence.txn(rev, record, riders, per_level).map_err(|e| {
+            Stop::lost(Reason::RevisionTooLarge, format!("source revision {}: {e}", rev.revision))
+        })
+    }
+
+    /// The record Txn `revision` puts.
+    fn record(&self, revision: i64) -> Checkpoint {
+        let cfg = self.cfg;
+        Checkpoint {
+            link_uid: cfg.link_uid.clone(),
+            epoch: cfg.epoch as u64,
+            role: Role::Mirror,
+            watermark: revision,
+            scanning: false,
+            scan_cursor: Vec::new(),
+            prune_pending: false,
+            source_cluster_id: self.placed.source_cluster,
+            target_cluster_id: self.placed.target_cluster,
+            agent_id: self.me.clone(),
+            commit: String::new(),
+            range: self.range.clone(),
+            confirmed_time: now_rfc3339(),
+            forced_resyncs: 0,
+            scan_restarts: 0,
+            initial_sync_completed: String::new(),
+            excludes: Vec::new(),
+            source_seen: self.seen.max(revision),
+        }
     }
 }

@@ -1,12 +1,16 @@
 //! Exact mode's figures (issue #46), printed by `harness bench` (and alone by `--exact-only`):
-//! - the target's own ceiling for ordered, fenced single-revision Txns of one shape (compare
-//!   the fence key's mod revision with R-1, put one key and the fence key), sent serially and
-//!   with 2 and 4 in flight by a probe independent of the agent, resending in order from a Txn
-//!   etcd ran too early (SPEC §11), the ones in flight sent back to back, a fixed
-//!   `sync.exact_txn_spacing` apart, and paced as the agent paces them ([`Spacer::paced`]);
+//! - the target's own ceiling for ordered, fenced single-revision Txns, sent serially and with
+//!   2 and 4 in flight by a probe independent of the agent ([`super::probe`]), resending in
+//!   order from a Txn etcd ran too early (SPEC §11), the ones in flight sent back to back, a
+//!   fixed `sync.exact_txn_spacing` apart, and paced as the agent paces them
+//!   ([`Spacer::paced`]); of SPEC §11's shape (compare the fence key's mod revision with R-1,
+//!   put one key and the fence key), and of the tail's own (its compares and checkpoint
+//!   record), so what the Txn's shape costs the target shows apart from what the agent costs;
 //! - the exact tail's lag (put acknowledged on the source to seen on the target) at the rates
 //!   asked, open loop, and the highest rate of a ladder (125/s steps above them, up to the best
 //!   ceiling) it keeps up with (p99 <= 100 ms, and a watch on the source itself keeping up);
+//! - the exact tail's own rate with the source's writes off the machine ([`catch_up`]): the
+//!   source takes a backlog while no agent runs, then the agent applies it, timed on the target;
 //! - the target's ceiling again beside a source taking the first rate the tail did not keep up
 //!   with ([`probe_beside_load`]): on one machine the source's writes share its cores and disk
 //!   with the target, and this is the ceiling the tail meets there, still without the agent;
@@ -15,20 +19,16 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, WatchOptions};
-use futures::stream::FuturesOrdered;
-use futures::StreamExt as _;
+use etcd_client::{Client, WatchOptions};
 use tokio::time::Instant;
 
 use mirror_core::{Spacer, SyncSection};
 
+use super::probe::{probe_ceiling, probe_lag, Shape, PROBE_SECONDS};
 use super::{ms, tail_lag, BenchPlan};
 use crate::exact::{exact_config, seed};
 use crate::figures::quantile;
 use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
-
-/// How long each ceiling probe sends.
-const PROBE_SECONDS: u64 = 5;
 
 /// The ladder's step above the rates asked, revisions/s.
 const LADDER_STEP: u32 = 125;
@@ -41,26 +41,33 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     let version = plan.version;
     println!("exact revisions (sync.revisions = \"exact\"), etcd {version}:");
     let spacing = SyncSection::default().exact_txn_spacing.get();
-    let (mut best, mut serial) = (0.0f64, 0.0f64);
-    for (window, gap, paced) in [
-        (1usize, Duration::ZERO, false),
-        (2, Duration::ZERO, false),
-        (4, Duration::ZERO, false),
-        (2, spacing, false),
-        (4, spacing, false),
-        (2, spacing, true),
+    let (mut best, mut serial, mut tail_shape) = (0.0f64, 0.0f64, 0.0f64);
+    for (shape, window, gap, paced) in [
+        (Shape::Spec, 1usize, Duration::ZERO, false),
+        (Shape::Spec, 2, Duration::ZERO, false),
+        (Shape::Spec, 4, Duration::ZERO, false),
+        (Shape::Spec, 2, spacing, false),
+        (Shape::Spec, 4, spacing, false),
+        (Shape::Spec, 2, spacing, true),
+        (Shape::Tail, 1, Duration::ZERO, false),
+        (Shape::Tail, 2, spacing, true),
     ] {
         let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
-        let (rate, resent) =
-            probe_ceiling(&target.client().await?, window, spacer(window, gap, paced)).await?;
-        let how = spacing_named(window, gap, paced);
+        let c = probe_ceiling(&target.client().await?, shape, window, spacer(window, gap, paced)).await?;
         println!(
-            "  target ceiling, ordered fenced 1-revision Txns, {how}: {rate:>7.0} Txns/s ({:.1} % sent again)",
-            resent * 100.0
+            "  target ceiling, ordered fenced 1-revision Txns, {}, {}: {:>7.0} Txns/s ({:.1} % sent again){}",
+            shape.named(),
+            spacing_named(window, gap, paced),
+            c.rate,
+            c.resent * 100.0,
+            record_named(shape, c.record_bytes)
         );
-        best = best.max(rate);
-        if window == 1 {
-            serial = rate;
+        match shape {
+            Shape::Spec => best = best.max(c.rate),
+            Shape::Tail => tail_shape = tail_shape.max(c.rate),
+        }
+        if (shape, window) == (Shape::Spec, 1) {
+            serial = c.rate;
         }
     }
 
@@ -110,6 +117,8 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     }
     let resent = agent.status().await?.exact.map_or(0, |e| e.resent);
     drop(agent);
+    let drained = catch_up(&cfg, &src, &dst).await?;
+    drop((source, target));
     // The first rate the tail did not keep up with (none when it kept up with every rung).
     let failed = ladder.iter().copied().find(|r| kept_up.is_none_or(|k| *r > k));
     let beside = match failed {
@@ -125,10 +134,25 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
         ),
         None => println!("  the exact tail kept up with none of the rates (p99 <= {} ms)", ms(KEPT_UP_P99)),
     }
+    if let Some(rate) = kept_up {
+        println!(
+            "  highest kept up with = {:.2} x the best ceiling of the tail's own Txn shape (its compares and record)",
+            rate as f64 / tail_shape
+        );
+    }
+    println!(
+        "  exact tail catching up {BACKLOG} revisions the source took while no agent ran: {drained:>7.0} revisions/s = {:.2} x \
+         the best ceiling, {:.2} x the serial one, {:.2} x the tail shape's best (its own rate, the source idle meanwhile)",
+        drained / best,
+        drained / serial,
+        drained / tail_shape
+    );
     if let (Some(rate), Some((_, beside))) = (kept_up, beside) {
         println!(
-            "  highest kept up with = {:.2} x the ceiling beside the loaded source (the machine's 2 cores and disk shared)",
-            rate as f64 / beside
+            "  highest kept up with = {:.2} x the ceiling beside the loaded source (SPEC shape; the machine's 2 cores and \
+             disk shared), {:.2} x the tail shape's there",
+            rate as f64 / beside.spec,
+            rate as f64 / beside.tail
         );
     }
 
@@ -158,96 +182,75 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The probe's Txns arriving at `rate`/s for `seconds` (open loop: arrival i is due at i/rate
-/// whether or not earlier ones landed) and sent one at a time in order, as an exact link with
-/// no work of its own would: each one's time from its arrival to its landing, sorted.
-async fn probe_lag(client: &Client, rate: u32, seconds: u64) -> anyhow::Result<Vec<Duration>> {
-    let fence = b"/probe/fence".to_vec();
-    let mut kv = client.kv_client();
-    let head = kv.put(fence.clone(), "0", None).await?.header().map_or(0, |h| h.revision());
-    let total = rate as u64 * seconds;
-    let start = Instant::now();
-    let mut lags = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
-        tokio::time::sleep_until(due).await;
-        let r = head + 1 + i as i64;
-        let txn = Txn::new()
-            .when(vec![Compare::mod_revision(fence.clone(), CompareOp::Equal, r - 1)])
-            .and_then(vec![
-                TxnOp::put(format!("/probe/{r}"), "x", None),
-                TxnOp::put(fence.clone(), r.to_string(), None),
-            ]);
-        anyhow::ensure!(kv.txn(txn).await?.succeeded(), "the probe's Txn {r} failed its compare");
-        lags.push(Instant::now() - due);
-    }
-    lags.sort();
-    Ok(lags)
-}
+/// Revisions the source takes while no agent runs, for [`catch_up`].
+const BACKLOG: usize = 20_000;
 
-/// Txns/s of ordered fenced single-revision Txns with `window` in flight for
-/// [`PROBE_SECONDS`], each sent after the one before as `spacer` has it while that one is in
-/// flight (as the agent's [`Spacer`], told each Txn's time), and the share sent again (etcd
-/// ran a later one first: it failed its compare, and it and those behind it were sent again
-/// in order).
-async fn probe_ceiling(client: &Client, window: usize, mut spacer: Spacer) -> anyhow::Result<(f64, f64)> {
-    let fence = b"/probe/fence".to_vec();
-    let mut kv = client.kv_client();
-    let head = kv.put(fence.clone(), "0", None).await?.header().map_or(0, |h| h.revision());
-    let txn = |r: i64| {
-        Txn::new().when(vec![Compare::mod_revision(fence.clone(), CompareOp::Equal, r - 1)]).and_then(vec![
-            TxnOp::put(format!("/probe/{r}"), "x", None),
-            TxnOp::put(fence.clone(), r.to_string(), None),
-        ])
+/// Writers putting the backlog.
+const BACKLOG_WRITERS: usize = 8;
+
+/// The exact tail's own rate, the source's writes off the machine's cores: with no agent
+/// running, the source takes [`BACKLOG`] puts (one revision each); then the agent of `cfg` is
+/// started and the target's revision read every 10 ms until it holds the source's. Revisions/s
+/// from the first read past where it stood (the agent's start is no part of it) to the last.
+async fn catch_up(cfg: &AgentConfig, src: &Client, dst: &Client) -> anyhow::Result<f64> {
+    let revision = |c: &Client| {
+        let mut kv = c.kv_client();
+        async move { anyhow::Ok(kv.get("/bench/none", None).await?.header().map_or(0, |h| h.revision())) }
     };
-    let (start, until) = (Instant::now(), Instant::now() + Duration::from_secs(PROBE_SECONDS));
-    let (mut landed, mut next, mut sent, mut again) = (head, head + 1, 0u64, 0u64);
-    let mut flight = FuturesOrdered::new();
-    while Instant::now() < until {
-        while flight.len() < window {
-            spacer.send(!flight.is_empty()).await;
-            // Sent now, on a task of its own, not when the flight is next polled.
-            let mut kv = kv.clone();
-            let t = txn(next);
-            let at = Instant::now();
-            let sending =
-                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move { kv.txn(t).await }));
-            flight.push_back(async move { anyhow::Ok((sending.await??, at.elapsed())) });
-            next += 1;
-            sent += 1;
-        }
-        let (answer, took) = flight.next().await.expect("in flight")?;
-        spacer.took(took);
-        if answer.succeeded() {
-            landed += 1;
-        } else {
-            // Sent before its predecessor landed: it and those behind it go again, in order.
-            while let Some(answer) = flight.next().await {
-                if answer?.0.succeeded() {
-                    landed += 1;
-                }
+    let from = revision(dst).await?;
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..BACKLOG_WRITERS {
+        let mut kv = src.kv_client();
+        writers.spawn(async move {
+            for i in (w..BACKLOG).step_by(BACKLOG_WRITERS) {
+                kv.put(format!("/bench/backlog/{i}"), "x", None).await?;
             }
-            again += (next - (landed + 1)) as u64;
-            next = landed + 1;
-        }
+            anyhow::Ok(())
+        });
     }
-    while let Some(answer) = flight.next().await {
-        if answer?.0.succeeded() {
-            landed += 1;
-        }
+    while let Some(done) = writers.join_next().await {
+        done??;
     }
-    let rate = (landed - head) as f64 / start.elapsed().as_secs_f64();
-    Ok((rate, again as f64 / sent.max(1) as f64))
+    let head = revision(src).await?;
+    let _agent = AgentProcess::start(cfg).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut first = None;
+    loop {
+        let (at, now) = (revision(dst).await?, Instant::now());
+        if at > from && first.is_none() {
+            first = Some((at, now));
+        }
+        if at >= head {
+            let (first_at, first_now) = first.expect("moved past where it stood");
+            return Ok((at - first_at) as f64 / (now - first_now).as_secs_f64().max(1e-3));
+        }
+        anyhow::ensure!(
+            now < deadline,
+            "the exact tail did not catch up within 2 min: target at {at}, source at {head}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
-/// The target's ceiling (the best of serial, 2 in flight `gap` apart and 2 paced) while a
-/// source on the same machine takes `rate` puts/s, open loop, watched twice (the agent's watch
-/// and the bench's own), and the target is watched where the probe writes (the bench's watch
-/// of the target): the ceiling the exact tail meets at that rate, without the agent. Each is
-/// printed; the best is returned.
-async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> anyhow::Result<f64> {
-    let mut best = 0.0f64;
-    for (window, gap, paced) in [(1usize, Duration::ZERO, false), (2, gap, false), (2, gap, true)] {
+/// The best ceilings beside a loaded source, of each shape.
+struct Beside {
+    spec: f64,
+    tail: f64,
+}
+
+/// The target's ceiling (SPEC's shape serially, 2 in flight `gap` apart and 2 paced; the tail's
+/// shape 2 paced) while a source on the same machine takes `rate` puts/s, open loop, watched
+/// twice (the agent's watch and the bench's own), and the target is watched where the probe
+/// writes (the bench's watch of the target): the ceiling the exact tail meets at that rate,
+/// without the agent. Each is printed; the best of each shape is returned.
+async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> anyhow::Result<Beside> {
+    let mut best = Beside { spec: 0.0, tail: 0.0 };
+    for (shape, window, gap, paced) in [
+        (Shape::Spec, 1usize, Duration::ZERO, false),
+        (Shape::Spec, 2, gap, false),
+        (Shape::Spec, 2, gap, true),
+        (Shape::Tail, 2, gap, true),
+    ] {
         let source = EtcdCluster::start(ClusterSpec::new(version)).await?;
         let target = EtcdCluster::start(ClusterSpec::new(version)).await?;
         let (src, dst) = (source.client().await?, target.client().await?);
@@ -260,15 +263,20 @@ async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> an
                 async move { tail_lag(&src, &src, "/bench/beside/", rate, PROBE_SECONDS + 2).await },
             );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (ceiling, resent) = probe_ceiling(&dst, window, spacer(window, gap, paced)).await?;
+        let c = probe_ceiling(&dst, shape, window, spacer(window, gap, paced)).await?;
         load.await??;
         drop(drain);
-        let how = spacing_named(window, gap, paced);
         println!(
-            "  target ceiling beside a source taking {rate} puts/s, {how}: {ceiling:>7.0} Txns/s ({:.1} % sent again)",
-            resent * 100.0
+            "  target ceiling beside a source taking {rate} puts/s, {}, {}: {:>7.0} Txns/s ({:.1} % sent again)",
+            shape.named(),
+            spacing_named(window, gap, paced),
+            c.rate,
+            c.resent * 100.0
         );
-        best = best.max(ceiling);
+        match shape {
+            Shape::Spec => best.spec = best.spec.max(c.rate),
+            Shape::Tail => best.tail = best.tail.max(c.rate),
+        }
     }
     Ok(best)
 }
@@ -279,6 +287,14 @@ fn spacer(window: usize, gap: Duration, paced: bool) -> Spacer {
         Spacer::paced(gap, window)
     } else {
         Spacer::new(gap)
+    }
+}
+
+/// The tail shape's record size, for its line.
+fn record_named(shape: Shape, bytes: usize) -> String {
+    match shape {
+        Shape::Spec => String::new(),
+        Shape::Tail => format!(", {bytes}-byte record"),
     }
 }
 

@@ -37,6 +37,7 @@ mod baselines;
 mod exact;
 mod lag;
 mod loaded;
+mod probe;
 
 pub use crate::figures::{quantile, Figures, LoadedFigures, TailFigures};
 use crate::{

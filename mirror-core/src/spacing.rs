@@ -77,18 +77,11 @@ impl Spacer {
         }
     }
 
-    /// Counts now as a send. `behind`: another is still in flight, so this one first waits
-    /// until the gap ([`Spacer::gap`]) has passed since the last send; with none in flight
-    /// there is nothing to overtake and it goes at once.
-    pub async fn send(&mut self, behind: bool) {
-        self.pause(self.left(behind)).await;
-        self.sent();
-    }
-
     /// How long a send now still waits: the gap less the time since the last send when
-    /// `behind` another in flight; zero otherwise. A caller that can do something else meanwhile
-    /// (such as take the answer that leaves the send no longer behind) waits it out with
-    /// [`Spacer::pause`] beside that, then counts the send with [`Spacer::sent`].
+    /// `behind` another in flight (there is nothing to overtake otherwise: zero). The caller
+    /// waits it out with [`Spacer::pause`], beside whatever else it does meanwhile (such as take
+    /// the answer that leaves the send no longer behind), then counts the send with
+    /// [`Spacer::sent`].
     pub fn left(&self, behind: bool) -> Duration {
         match self.last {
             Some(last) if behind => self.gap().saturating_sub(last.elapsed()),
@@ -154,6 +147,12 @@ mod tests {
 
     use super::{Spacer, MAX_GAP};
 
+    /// A send as a caller with nothing else to do makes it: wait what is left, then send.
+    async fn send(spacer: &mut Spacer, behind: bool) {
+        spacer.pause(spacer.left(behind)).await;
+        spacer.sent();
+    }
+
     /// A send behind another waits out the gap (at least, and not for ever); the first, and one
     /// with nothing in flight, go at once.
     #[tokio::test]
@@ -162,10 +161,10 @@ mod tests {
         // thread descheduled between two sends (a loaded CI machine) waits less in the next.
         let gap = Duration::from_micros(300);
         let mut spacer = Spacer::new(gap);
-        spacer.send(false).await;
+        send(&mut spacer, false).await;
         let mut sent = vec![spacer.last.expect("sent")];
         for _ in 0..20 {
-            spacer.send(true).await;
+            send(&mut spacer, true).await;
             sent.push(spacer.last.expect("sent"));
         }
         let mut gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
@@ -177,7 +176,7 @@ mod tests {
         let mut slow = Spacer::new(Duration::from_secs(1));
         for _ in 0..2 {
             let before = tokio::time::Instant::now();
-            slow.send(false).await;
+            send(&mut slow, false).await;
             assert!(before.elapsed() < Duration::from_millis(500), "a send with nothing in flight waited");
         }
     }
@@ -223,9 +222,9 @@ mod tests {
     async fn a_paced_send_waits_the_paced_gap() {
         let mut paced = Spacer::paced(Duration::from_micros(100), 2);
         paced.took(Duration::from_millis(4));
-        paced.send(false).await;
+        send(&mut paced, false).await;
         let first = paced.last.expect("sent");
-        paced.send(true).await;
+        send(&mut paced, true).await;
         let apart = paced.last.expect("sent") - first;
         assert!(apart >= Duration::from_millis(2), "sent {apart:?} apart");
     }

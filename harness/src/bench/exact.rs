@@ -28,6 +28,7 @@ use super::probe::{probe_ceiling, probe_lag, Shape, PROBE_SECONDS};
 use super::{ms, tail_lag, BenchPlan};
 use crate::exact::{exact_config, seed};
 use crate::figures::quantile;
+use crate::scenario::current_revision;
 use crate::{load_keys, AgentConfig, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 
 /// The ladder's step above the rates asked, revisions/s.
@@ -41,7 +42,7 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     let version = plan.version;
     println!("exact revisions (sync.revisions = \"exact\"), etcd {version}:");
     let spacing = SyncSection::default().exact_txn_spacing.get();
-    let (mut best, mut serial, mut tail_shape) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut ceilings, mut serial) = (Best::default(), 0.0f64);
     for (shape, window, gap, paced) in [
         (Shape::Spec, 1usize, Duration::ZERO, false),
         (Shape::Spec, 2, Duration::ZERO, false),
@@ -62,10 +63,7 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
             c.resent * 100.0,
             record_named(shape, c.record_bytes)
         );
-        match shape {
-            Shape::Spec => best = best.max(c.rate),
-            Shape::Tail => tail_shape = tail_shape.max(c.rate),
-        }
+        ceilings.note(shape, c.rate);
         if (shape, window) == (Shape::Spec, 1) {
             serial = c.rate;
         }
@@ -95,7 +93,7 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     // The rates asked, then 125/s steps above the highest of them up to the best ceiling (a
     // step of 250/s at 1 250/s left a fifth of the rate unresolved).
     let top = plan.exact_rates.iter().copied().max().unwrap_or(0);
-    let steps = (1..).map(|i| top + LADDER_STEP * i).take_while(|r| f64::from(*r) <= best);
+    let steps = (1..).map(|i| top + LADDER_STEP * i).take_while(|r| f64::from(*r) <= ceilings.spec);
     let ladder: Vec<u32> = plan.exact_rates.iter().copied().chain(steps).collect();
     for (i, &rate) in ladder.iter().enumerate() {
         let asked = i < plan.exact_rates.len();
@@ -129,7 +127,7 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
         Some(rate) => println!(
             "  highest rate the exact tail kept up with (p99 <= {} ms): {rate} revisions/s = {:.2} x the best ceiling, {:.2} x the serial one ({resent} Txns sent again)",
             ms(KEPT_UP_P99),
-            rate as f64 / best,
+            rate as f64 / ceilings.spec,
             rate as f64 / serial
         ),
         None => println!("  the exact tail kept up with none of the rates (p99 <= {} ms)", ms(KEPT_UP_P99)),
@@ -137,15 +135,15 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
     if let Some(rate) = kept_up {
         println!(
             "  highest kept up with = {:.2} x the best ceiling of the tail's own Txn shape (its compares and record)",
-            rate as f64 / tail_shape
+            rate as f64 / ceilings.tail
         );
     }
     println!(
         "  exact tail catching up {BACKLOG} revisions the source took while no agent ran: {drained:>7.0} revisions/s = {:.2} x \
          the best ceiling, {:.2} x the serial one, {:.2} x the tail shape's best (its own rate, the source idle meanwhile)",
-        drained / best,
+        drained / ceilings.spec,
         drained / serial,
-        drained / tail_shape
+        drained / ceilings.tail
     );
     if let (Some(rate), Some((_, beside))) = (kept_up, beside) {
         println!(
@@ -193,11 +191,8 @@ const BACKLOG_WRITERS: usize = 8;
 /// started and the target's revision read every 10 ms until it holds the source's. Revisions/s
 /// from the first read past where it stood (the agent's start is no part of it) to the last.
 async fn catch_up(cfg: &AgentConfig, src: &Client, dst: &Client) -> anyhow::Result<f64> {
-    let revision = |c: &Client| {
-        let mut kv = c.kv_client();
-        async move { anyhow::Ok(kv.get("/bench/none", None).await?.header().map_or(0, |h| h.revision())) }
-    };
-    let from = revision(dst).await?;
+    let (mut src, mut dst) = (src.clone(), dst.clone());
+    let from = current_revision(&mut dst).await?;
     let mut writers = tokio::task::JoinSet::new();
     for w in 0..BACKLOG_WRITERS {
         let mut kv = src.kv_client();
@@ -211,12 +206,12 @@ async fn catch_up(cfg: &AgentConfig, src: &Client, dst: &Client) -> anyhow::Resu
     while let Some(done) = writers.join_next().await {
         done??;
     }
-    let head = revision(src).await?;
+    let head = current_revision(&mut src).await?;
     let _agent = AgentProcess::start(cfg).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut first = None;
     loop {
-        let (at, now) = (revision(dst).await?, Instant::now());
+        let (at, now) = (current_revision(&mut dst).await?, Instant::now());
         if at > from && first.is_none() {
             first = Some((at, now));
         }
@@ -232,10 +227,22 @@ async fn catch_up(cfg: &AgentConfig, src: &Client, dst: &Client) -> anyhow::Resu
     }
 }
 
-/// The best ceilings beside a loaded source, of each shape.
-struct Beside {
+/// The best ceiling of each shape among the probes run.
+#[derive(Default)]
+struct Best {
     spec: f64,
     tail: f64,
+}
+
+impl Best {
+    /// A probe of `shape` landed `rate` Txns/s.
+    fn note(&mut self, shape: Shape, rate: f64) {
+        let best = match shape {
+            Shape::Spec => &mut self.spec,
+            Shape::Tail => &mut self.tail,
+        };
+        *best = best.max(rate);
+    }
 }
 
 /// The target's ceiling (SPEC's shape serially, 2 in flight `gap` apart and 2 paced; the tail's
@@ -243,8 +250,8 @@ struct Beside {
 /// twice (the agent's watch and the bench's own), and the target is watched where the probe
 /// writes (the bench's watch of the target): the ceiling the exact tail meets at that rate,
 /// without the agent. Each is printed; the best of each shape is returned.
-async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> anyhow::Result<Beside> {
-    let mut best = Beside { spec: 0.0, tail: 0.0 };
+async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> anyhow::Result<Best> {
+    let mut best = Best::default();
     for (shape, window, gap, paced) in [
         (Shape::Spec, 1usize, Duration::ZERO, false),
         (Shape::Spec, 2, gap, false),
@@ -273,10 +280,7 @@ async fn probe_beside_load(version: EtcdVersion, rate: u32, gap: Duration) -> an
             c.rate,
             c.resent * 100.0
         );
-        match shape {
-            Shape::Spec => best.spec = best.spec.max(c.rate),
-            Shape::Tail => best.tail = best.tail.max(c.rate),
-        }
+        best.note(shape, c.rate);
     }
     Ok(best)
 }

@@ -14,7 +14,8 @@ use tracing::info;
 use crate::freshness::{refresh, Freshness};
 use crate::metrics::Metrics;
 
-/// The status and metrics handles of one engine.
+/// The status and metrics handles of one engine (a clone reports into the same).
+#[derive(Clone)]
 pub struct Reporter {
     status: StatusHandle,
     metrics: Option<Arc<Metrics>>,

@@ -129,8 +129,9 @@ mod waits;
 
 pub use causes::{ReconnectCause, Restart, ResyncCause};
 pub use error::EngineError;
+pub(crate) use probe::members_reachable;
 
-use probe::{members_reachable, tls_fingerprint};
+use probe::tls_fingerprint;
 pub use refusal::Refusal;
 
 /// Data-only scan Txns in flight at once.
@@ -159,10 +160,10 @@ const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail probes every member of both sides in the background, so a member that
 /// went down or came back shows in `MemberUnreachable` without a reconnect.
-const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// How often it probes while a member does not answer, so `MemberUnreachable` clears within a
 /// few seconds of the member answering again.
-const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 

@@ -183,7 +183,7 @@ pub(super) fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls
 }
 
 /// Lists the endpoints that did not answer and sets `MemberUnreachable` accordingly.
-pub(super) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) {
+pub(crate) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) {
     let down: Vec<String> = [(Side::Source, source), (Side::Target, target)]
         .iter()
         .flat_map(|(side, probe)| {

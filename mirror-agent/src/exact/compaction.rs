@@ -46,7 +46,7 @@ impl Following {
 }
 
 /// A task aborted when dropped (the run that started it ended).
-pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -22,7 +22,8 @@
 use std::time::Duration;
 
 use mirror_core::{
-    connect, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason, Side,
+    connect_to, probe_members, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason,
+    Side,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -36,6 +37,7 @@ pub(crate) mod digest;
 pub(crate) mod failover;
 mod flight;
 mod leases;
+mod members;
 mod replica;
 mod seed;
 mod tail;
@@ -132,15 +134,28 @@ async fn run_once(
     shutdown: &CancellationToken,
     backoff: &mut ExponentialBackoff,
 ) -> Stop {
-    // The target first: a promoted one stops the link even with the source gone.
-    let target = match connect(Side::Target, &cfg.target, &cfg.sync).await {
+    // Each side through a probe of its members, connected to those that serve (a member that
+    // is down would otherwise get a share of the requests; each one it fails ends the run, see
+    // `Tail::verdict`), and the members down said in status (`MemberUnreachable`). The target
+    // first: a promoted one stops the link even with the source gone.
+    let sync = &cfg.sync;
+    let target_probe = match probe_members(Side::Target, &cfg.target, sync).await {
+        Ok(probe) => probe,
+        Err(e) => return e.into(),
+    };
+    let target = match connect_to(Side::Target, &cfg.target, sync, &target_probe.serving_endpoints()).await {
         Ok(target) => target,
         Err(e) => return e.into(),
     };
     if let Err(stop) = seed::not_promoted(cfg, &target).await {
         return stop;
     }
-    let source = match connect(Side::Source, &cfg.source, &cfg.sync).await {
+    let source_probe = match probe_members(Side::Source, &cfg.source, sync).await {
+        Ok(probe) => probe,
+        Err(e) => return e.into(),
+    };
+    reporter.update(|s| crate::engine::members_reachable(s, &source_probe, &target_probe));
+    let source = match connect_to(Side::Source, &cfg.source, sync, &source_probe.serving_endpoints()).await {
         Ok(source) => source,
         Err(e) => return e.into(),
     };

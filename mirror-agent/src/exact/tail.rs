@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
+    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
+    Spacer,
 };
 use mirror_fence::{Answer, Landing};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
@@ -117,6 +118,7 @@ impl<'c> Tail<'c> {
         // second for etcd's answer, which the tail must not (it stalled every revision behind).
         let (learned, mut source_compacted) = tokio::sync::watch::channel(0i64);
         let _probe = learn_compaction(self.source.clone(), self.cfg.clone(), learned);
+        let _members = super::members::watch_members(self.cfg.clone(), reporter.clone());
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
         loop {
@@ -331,6 +333,11 @@ impl<'c> Tail<'c> {
     ) -> Result<(Verdict, bool, bool), Stop> {
         let resp = match answer {
             Ok(resp) => resp,
+            // The member that took it is unreachable (down, or the connection broke): sent again
+            // on this client, a share of the Txns would go to it again. The run ends; the next
+            // connects to the members that serve and goes on from the checkpoint (the fence
+            // tells whether this Txn landed).
+            Err(e) if e.fault == Fault::Unavailable => return Err(e.into()),
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
                 return Ok((Verdict::Again, false, true));
             }

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use mirror_core::{connect, read_password, Auth, Config, EtcdError, Side};
+use mirror_core::{connect_reachable, read_password, Auth, Config, EtcdError, Side};
 use mirror_watch::{ExactDelivery, ExactWatch, SpoolWriter};
 use tokio::io::AsyncWriteExt as _;
 
@@ -62,7 +62,7 @@ async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<
         read_password(&auth).map_err(|e| anyhow::anyhow!("--admin-password-file: {e}"))?;
         side.auth = Some(auth);
     }
-    let mut source = match connect(Side::Source, &side, &cfg.sync).await {
+    let mut source = match connect_reachable(Side::Source, &side, &cfg.sync).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mirror-agent snapshot save: {e}");
@@ -211,7 +211,7 @@ async fn link_runs(cfg: &Config) -> i64 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let Ok(watermark) = watermark(cfg, &key).await else { continue };
         let Some(watermark) = watermark else { continue };
-        let Ok(mut source) = connect(Side::Source, &cfg.source, &cfg.sync).await else { continue };
+        let Ok(mut source) = connect_reachable(Side::Source, &cfg.source, &cfg.sync).await else { continue };
         let compacted = crate::exact::compacted_revision(&mut source, cfg).await.ok().flatten().unwrap_or(0);
         if watermark >= compacted {
             return watermark;
@@ -220,7 +220,7 @@ async fn link_runs(cfg: &Config) -> i64 {
 }
 
 async fn watermark(cfg: &Config, key: &[u8]) -> Result<Option<i64>, EtcdError> {
-    let mut target = connect(Side::Target, &cfg.target, &cfg.sync).await?;
+    let mut target = connect_reachable(Side::Target, &cfg.target, &cfg.sync).await?;
     let resp = target
         .get(key.to_vec(), None)
         .await

@@ -1,4 +1,4 @@
-//! Txns in flight (also through a target leader's loss), revisions cut into fragments or over the decode limit, snapshot leases
+//! Txns in flight (also through a target's or a source's leader loss), revisions cut into fragments or over the decode limit, snapshot leases
 //! running out while every agent is down, unanswered keep-alives, and the pause.
 
 use std::time::Duration;
@@ -7,7 +7,8 @@ use etcd_client::{Client, PutOptions, Txn, TxnOp};
 use harness::exact::{etcdctl_watch, exact_config, seed};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
 use harness::{load_keys, AgentConfig, AgentProcess, Churn, ClusterSpec, EtcdCluster, EtcdVersion, Scraped};
-use mirror_core::{ConditionType, Phase};
+use mirror_core::{ConditionType, Phase, Side};
+use rstest::rstest;
 
 use super::{assert_exact, cluster, keep_alive};
 
@@ -37,44 +38,60 @@ async fn txns_in_flight_land_in_order_whatever_etcd_runs_first() {
     println!("Txns sent again after a reorder: {resent}");
 }
 
-/// A 3-member target loses its leader (kill -9) under an open-loop churn with leases, 2 Txns
-/// in flight: the Txns the dead member or the election refused are sent again in order (a lost
-/// answer: the fence tells whether it had landed), the leases the agent granted live on under
-/// the new leader, the killed member is named in status (`MemberUnreachable`) until it is back,
-/// and the replica is exact on the members left, its history the source's event for event.
+/// A 3-member target, or source, loses its leader (kill -9) under an open-loop churn with
+/// leases, 2 Txns in flight: the Txns the dead member or the election refused are sent again in
+/// order (a lost answer: the fence tells whether it had landed), the watch goes on from another
+/// source member, the leases live on under the new leader, the killed member is named in status
+/// (`MemberUnreachable`) until it is back, and the replica is exact on the members left, its
+/// history the source's event for event.
+#[rstest]
+#[case::target(Side::Target)]
+#[case::source(Side::Source)]
 #[tokio::test]
-async fn a_target_leader_killed_with_txns_in_flight_loses_no_revision() {
-    let source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = EtcdCluster::start(ClusterSpec::new(EtcdVersion::V3_5_30).members(3)).await.unwrap();
+async fn a_leader_killed_with_txns_in_flight_loses_no_revision(#[case] side: Side) {
+    let members = |of: Side| ClusterSpec::new(EtcdVersion::V3_5_30).members(if of == side { 3 } else { 1 });
+    let mut source = EtcdCluster::start(members(Side::Source)).await.unwrap();
+    let mut target = EtcdCluster::start(members(Side::Target)).await.unwrap();
     let mut src = source.client().await.unwrap();
     load_keys(&mut src, "/registry/pods/", 50, 16).await.unwrap();
     let r0 = seed(&source, &mut target, "seed").await.unwrap();
     let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
-    let churn = Churn::new("/registry/pods/", 2000, 500, 100).with_leases().spawn(src.clone());
+    // Tolerant: the churn's own puts to a killed source member fail.
+    let churn = Churn::new("/registry/pods/", 2000, 500, 100).with_leases().tolerant().spawn(src.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let leader = target.leader_index(Duration::from_secs(5)).await.unwrap();
-    target.node(leader).kill().await.unwrap();
+    let three = if side == Side::Source { &mut source } else { &mut target };
+    let leader = three.leader_index(Duration::from_secs(5)).await.unwrap();
+    three.node(leader).kill().await.unwrap();
+    let dead = three.endpoints()[leader].clone();
     churn.await.unwrap().unwrap();
-    let mut dst = target.client().await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "after the target's leader was killed").await;
-    assert_eq!(target.members_disagree().await, None, "the members left agree");
+    let (mut src, mut dst) = (source.client().await.unwrap(), target.client().await.unwrap());
+    assert_exact(&agent, &mut src, &mut dst, &format!("after the {side}'s leader was killed")).await;
+    let three = if side == Side::Source { &source } else { &target };
+    assert_eq!(three.members_disagree().await, None, "the members left agree");
     let head = current_revision(&mut src).await.unwrap();
-    let left = &target.endpoints()[(leader + 1) % 3];
-    let theirs = etcdctl_watch(&source.endpoints()[0], r0 + 1, head, Duration::from_secs(30)).await.unwrap();
-    let ours = etcdctl_watch(left, r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    let live =
+        |c: &EtcdCluster, of: Side| c.endpoints()[if of == side { (leader + 1) % 3 } else { 0 }].clone();
+    let theirs =
+        etcdctl_watch(&live(&source, Side::Source), r0 + 1, head, Duration::from_secs(30)).await.unwrap();
+    let ours =
+        etcdctl_watch(&live(&target, Side::Target), r0 + 1, head, Duration::from_secs(30)).await.unwrap();
     assert_eq!(theirs, ours, "etcdctl watch --rev {} --prev-kv differs", r0 + 1);
     let status = agent.status().await.unwrap();
-    let dead = &target.endpoints()[leader];
+    let named = |s: &mirror_core::Status| match side {
+        Side::Source => s.source.unreachable_endpoints.clone(),
+        Side::Target => s.target.unreachable_endpoints.clone(),
+    };
     assert!(status.condition(ConditionType::MemberUnreachable), "{:?}", status.conditions);
-    assert_eq!(status.target.unreachable_endpoints, vec![dead.clone()], "the killed member is named");
+    assert_eq!(named(&status), vec![dead], "the killed member is named");
     let exact = status.exact.expect("exact status");
     println!("Txns sent again: {}; revisions landed: {}", exact.resent, exact.landed_here);
 
     // Back, it is no longer named: the tail probes the members while it runs.
-    target.node(leader).start().await.unwrap();
+    let three = if side == Side::Source { &mut source } else { &mut target };
+    three.node(leader).start().await.unwrap();
     let back = |s: &mirror_core::Status| !s.condition(ConditionType::MemberUnreachable);
     let status = agent.wait_for("every member answers", SYNC_TIMEOUT, back).await.unwrap();
-    assert!(status.target.unreachable_endpoints.is_empty(), "{:?}", status.target);
+    assert!(named(&status).is_empty(), "{:?}", status.conditions);
 }
 
 /// One source revision whose watch response is over 1 MiB (80 values of 12 KiB rewritten in

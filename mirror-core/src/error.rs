@@ -250,6 +250,18 @@ impl EtcdError {
         self.fault.class()
     }
 
+    /// Whether the member could not be reached or the connection to it broke: `Unavailable`,
+    /// and not an etcd server's own answer ("etcdserver: request timed out" is `Unavailable` too,
+    /// from a member that is up). A client balanced over the side's members may send its next
+    /// requests to that member again; a caller that must not can reconnect to those that serve.
+    pub fn is_unreachable(&self) -> bool {
+        self.fault == Fault::Unavailable
+            && match &self.source {
+                etcd_client::Error::GRpcStatus(status) => !status.message().starts_with("etcdserver:"),
+                _ => true,
+            }
+    }
+
     /// The fault and the server's own words, for a refusal's message: one fault can come from
     /// two places (a request over etcd's `--max-request-bytes` is refused by etcd, "request is
     /// too large"; one also over the gRPC receive limit etcd derives from it, by gRPC, "larger
@@ -311,5 +323,23 @@ mod tests {
         assert_eq!(kept, Fault::LeaseNotFound, "a keep-alive answered with TTL 0");
         let exists = Fault::of_status(Code::FailedPrecondition, "etcdserver: lease already exists");
         assert_eq!(exists, Fault::LeaseExists);
+    }
+
+    /// A member that is down or a broken connection is unreachable; a member that answers with
+    /// a timeout, or without a leader, is not.
+    #[test]
+    fn an_unreachable_member_is_told_from_one_that_answers() {
+        let error = |code, message: &str| {
+            EtcdError::new(
+                "txn",
+                Side::Target,
+                etcd_client::Error::GRpcStatus(tonic::Status::new(code, message)),
+            )
+        };
+        assert!(error(Code::Unavailable, "tcp connect error").is_unreachable());
+        assert!(error(Code::Unknown, "transport: broken pipe").is_unreachable());
+        assert!(!error(Code::Unavailable, "etcdserver: request timed out").is_unreachable());
+        assert!(!error(Code::Unavailable, "etcdserver: leader changed").is_unreachable());
+        assert!(!error(Code::DeadlineExceeded, "Timeout expired").is_unreachable());
     }
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Fault, Phase, Reason, Side,
-    Spacer,
+    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
 };
 use mirror_fence::{Answer, Landing};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
@@ -336,8 +335,8 @@ impl<'c> Tail<'c> {
             // The member that took it is unreachable (down, or the connection broke): sent again
             // on this client, a share of the Txns would go to it again. The run ends; the next
             // connects to the members that serve and goes on from the checkpoint (the fence
-            // tells whether this Txn landed).
-            Err(e) if e.fault == Fault::Unavailable => return Err(e.into()),
+            // tells whether this Txn landed). A member that answers (a timeout) is resent to.
+            Err(e) if e.is_unreachable() => return Err(e.into()),
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
                 return Ok((Verdict::Again, false, true));
             }

@@ -1,11 +1,12 @@
 //! Refusals of exact mode: targets that are not this source's snapshot, `snapshot save` refused
-//! or stopped, a checkpoint deleted under the link. Nothing is written to a refused target.
+//! or stopped, a checkpoint deleted under the link, a revision too large for the target. Nothing
+//! is written to a refused target.
 
 use std::time::Duration;
 
 use harness::exact::{exact_config, seed, SnapshotSave};
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
-use harness::{load_keys, AgentProcess, EtcdVersion};
+use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_core::{ErrorClass, Phase};
 
 use super::{assert_exact, cluster};
@@ -163,4 +164,42 @@ async fn snapshot_save_stopped_before_the_link_runs_exits_1() {
     tokio::time::timeout(Duration::from_secs(30), spooled).await.expect("the write after R0 was spooled");
     assert_eq!(save.interrupt(Duration::from_secs(30)).await.unwrap(), Some(1), "{}", save.printed);
     assert!(save.file.exists() && spool.exists(), "the snapshot and its spool are left in place");
+}
+
+/// A source revision whose Txn the target refuses as too large (a source that takes larger
+/// requests than the target: here 256 KiB against 64 KiB, a 100 KiB value) cannot land as one
+/// target Txn: the link stops with `RevisionTooLarge`, naming the revision and the target's
+/// limit, and writes nothing more. Before, the run was retried for ever, phase `connecting`.
+#[tokio::test]
+async fn a_revision_over_the_targets_request_limit_stops_the_link() {
+    let spec =
+        |bytes: u32| ClusterSpec::new(EtcdVersion::V3_5_30).arg(format!("--max-request-bytes={bytes}"));
+    let source = EtcdCluster::start(spec(256 << 10)).await.unwrap();
+    let mut target = EtcdCluster::start(spec(64 << 10)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    src.put("/registry/pods/small", "1", None).await.unwrap();
+    let landed = caught_up(&agent, &mut src).await.unwrap().watermark;
+    src.put("/registry/configmaps/big", vec![b'v'; 100 << 10], None).await.unwrap();
+    src.put("/registry/pods/after", "2", None).await.unwrap();
+
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!(
+        (err.class, err.reason.as_str()),
+        (ErrorClass::Permanent, "RevisionTooLarge"),
+        "{}",
+        err.message
+    );
+    let big = landed + 1;
+    assert!(err.message.contains(&format!("source revision {big}")), "{}", err.message);
+    assert!(err.message.contains("--max-request-bytes"), "{}", err.message);
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(
+        current_revision(&mut dst).await.unwrap(),
+        landed,
+        "nothing written past the last revision landed"
+    );
 }

@@ -93,6 +93,14 @@ pub async fn run(
             }
             ended = run_once(&cfg, &reporter, &shutdown, &mut backoff) => ended,
         };
+        // A permanent etcd error (a refused request, wrong credentials) parks the link as in
+        // compact mode: retried, it would only be refused again, a run restart every backoff.
+        let ended = match ended {
+            Stop::Etcd(e) if e.class() == ErrorClass::Permanent => {
+                Stop::lost(e.fault.into(), format!("{e}: not retried; fix the cause and restart the agent"))
+            }
+            ended => ended,
+        };
         match ended {
             Stop::Shutdown => return,
             Stop::Lost { reason, message } => {

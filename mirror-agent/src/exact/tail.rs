@@ -337,6 +337,9 @@ impl<'c> Tail<'c> {
             // connects to the members that serve and goes on from the checkpoint (the fence
             // tells whether this Txn landed). A member that answers (a timeout) is resent to.
             Err(e) if e.is_unreachable() => return Err(e.into()),
+            // A revision lands whole or not at all: one the target cannot take as one Txn never
+            // will, whatever is retried.
+            Err(e) if e.fault.is_txn_too_big() => return Err(too_big(revision, &e)),
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
                 return Ok((Verdict::Again, false, true));
             }
@@ -407,6 +410,21 @@ impl<'c> Tail<'c> {
         }
         Ok(queued)
     }
+}
+
+/// Txn `revision` refused by the target as too large (`--max-request-bytes`) or of too many
+/// ops (`--max-txn-ops`).
+fn too_big(revision: i64, e: &mirror_core::EtcdError) -> Stop {
+    Stop::lost(
+        Reason::RevisionTooLarge,
+        format!(
+            "source revision {revision} cannot land as one target Txn, which exact mode needs: the target refused it \
+             ({}). Give the target the source's --max-request-bytes and --max-txn-ops at least (a few KiB more for \
+             the link's compares and checkpoint record), or lower sync.max_txn_ops to the target's --max-txn-ops, \
+             and restart the agent",
+            e.said()
+        ),
+    )
 }
 
 /// The time from now until `at` (zero when past, or none).

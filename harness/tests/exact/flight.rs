@@ -1,5 +1,6 @@
-//! Txns in flight (also through a target's or a source's leader loss), revisions cut into fragments or over the decode limit, snapshot leases
-//! running out while every agent is down, unanswered keep-alives, and the pause.
+//! Txns in flight (also through a target's or a source's leader loss), 200 KiB values,
+//! revisions cut into fragments or over the decode limit, snapshot leases running out while
+//! every agent is down, unanswered keep-alives, and the pause.
 
 use std::time::Duration;
 
@@ -126,6 +127,34 @@ async fn a_revision_cut_into_fragments_lands_whole() {
         |name: &str| scraped.sample(name).unwrap_or_else(|| panic!("no {name}:\n{}", scraped.text()));
     assert_eq!(sample("etcd_mirror_apply_latency_seconds_count"), 2.0, "two revisions landed");
     assert_eq!(sample("etcd_mirror_batch_size_ops_sum"), 81.0, "80 puts and one");
+}
+
+/// Kubernetes-sized objects: 200 KiB values (a large ConfigMap or Secret) loaded, then churn
+/// rewriting and deleting 180 KiB ones (its Txns of up to 8 puts stay under etcd's default
+/// 1.5 MiB request limit, so their target Txns, a few hundred bytes more, do too), and one
+/// revision of five 200 KiB values (1 MB), each a single target Txn: the replica is exact.
+#[tokio::test]
+async fn values_of_200_kib_land_exact() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/secrets/", 2, 200 << 10).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    // 8 keys: the whole keyspace stays under the checker's 4 MiB read.
+    Churn::new("/registry/secrets/", 150, 50, 8)
+        .value_size(180 << 10)
+        .spawn(src.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let value = "s".repeat(200 << 10);
+    let ops: Vec<TxnOp> =
+        (0..5).map(|i| TxnOp::put(format!("/registry/configmaps/big-{i}"), value.as_str(), None)).collect();
+    src.txn(Txn::new().and_then(ops)).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the 200 KiB values").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
 }
 
 /// A catch-up over the watch's decode limit: while the agent is down the source rewrites four

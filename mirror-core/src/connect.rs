@@ -87,8 +87,18 @@ pub async fn connect_reachable(
     cfg: &SideConfig,
     sync: &SyncSection,
 ) -> Result<Client, EtcdError> {
+    Ok(connect_probed(side, cfg, sync).await?.1)
+}
+
+/// [`connect_reachable`], with the probe it connected by (which members did not answer).
+pub async fn connect_probed(
+    side: Side,
+    cfg: &SideConfig,
+    sync: &SyncSection,
+) -> Result<(Probe, Client), EtcdError> {
     let probe = probe_members(side, cfg, sync).await?;
-    connect_to(side, cfg, sync, &probe.serving_endpoints()).await
+    let client = connect_to(side, cfg, sync, &probe.serving_endpoints()).await?;
+    Ok((probe, client))
 }
 
 /// [`connect()`] to `endpoints` only (those a [`probe_members`] found answering): requests are

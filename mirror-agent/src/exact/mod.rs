@@ -22,8 +22,7 @@
 use std::time::Duration;
 
 use mirror_core::{
-    connect_to, probe_members, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason,
-    Side,
+    connect_probed, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason, Side,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -146,27 +145,18 @@ async fn run_once(
     // is down would otherwise get a share of the requests; each one it fails ends the run, see
     // `Tail::verdict`), and the members down said in status (`MemberUnreachable`). The target
     // first: a promoted one stops the link even with the source gone.
-    let sync = &cfg.sync;
-    let target_probe = match probe_members(Side::Target, &cfg.target, sync).await {
-        Ok(probe) => probe,
-        Err(e) => return e.into(),
-    };
-    let target = match connect_to(Side::Target, &cfg.target, sync, &target_probe.serving_endpoints()).await {
-        Ok(target) => target,
+    let (target_probe, target) = match connect_probed(Side::Target, &cfg.target, &cfg.sync).await {
+        Ok(probed) => probed,
         Err(e) => return e.into(),
     };
     if let Err(stop) = seed::not_promoted(cfg, &target).await {
         return stop;
     }
-    let source_probe = match probe_members(Side::Source, &cfg.source, sync).await {
-        Ok(probe) => probe,
+    let (source_probe, source) = match connect_probed(Side::Source, &cfg.source, &cfg.sync).await {
+        Ok(probed) => probed,
         Err(e) => return e.into(),
     };
     reporter.update(|s| crate::engine::members_reachable(s, &source_probe, &target_probe));
-    let source = match connect_to(Side::Source, &cfg.source, sync, &source_probe.serving_endpoints()).await {
-        Ok(source) => source,
-        Err(e) => return e.into(),
-    };
     // Every target lease is kept alive from the run's first second, through the proof of the
     // seed too (a restored target's master leases live 15 s; a proof of many keys takes longer).
     let hold = cfg.sync.exact_lease_hold.get();

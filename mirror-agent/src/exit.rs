@@ -22,6 +22,9 @@ pub enum Exit {
     PromotedSourceMoved,
     /// 5: `cutover`: promoted, but the source could not be read afterwards to check.
     PromotedUnchecked,
+    /// 6: `failover` of an exact link: promoted, but a step after it failed (the fillers, the
+    /// compaction past Rs, the lease swap); `failover` run again finishes it.
+    PromotedIncomplete,
 }
 
 impl Exit {
@@ -34,6 +37,7 @@ impl Exit {
             Exit::CannotStart => 3,
             Exit::PromotedSourceMoved => 4,
             Exit::PromotedUnchecked => 5,
+            Exit::PromotedIncomplete => 6,
         }
     }
 }
@@ -70,9 +74,10 @@ mod tests {
             Exit::CannotStart,
             Exit::PromotedSourceMoved,
             Exit::PromotedUnchecked,
+            Exit::PromotedIncomplete,
         ];
         let codes: Vec<u8> = all.iter().map(|e| e.code()).collect();
-        assert_eq!(codes, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6]);
         let table = include_str!("../../docs/operations.md");
         let row = |cmd: &str| table.lines().find(|l| l.starts_with(&format!("| `{cmd}"))).map(str::to_owned);
         for cmd in [

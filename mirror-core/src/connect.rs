@@ -276,13 +276,12 @@ async fn probe_without_status(
     client: &mut Client,
     timeout: Duration,
 ) -> Result<(MemberInfo, bool), EtcdError> {
-    let prefix = cfg.prefix.as_bytes().to_vec();
-    let opts = etcd_client::GetOptions::new()
-        .with_range(crate::keys::prefix_end(&prefix))
-        .with_count_only()
-        .with_limit(1);
+    // The whole keyspace for the prefix "" (exact mode): etcd refuses an empty key.
+    let range = crate::keys::KeyRange::prefix(cfg.prefix.as_bytes());
+    let opts = etcd_client::GetOptions::new().with_range(range.end).with_count_only().with_limit(1);
     // Answered at all (linearizable, with require-leader): the member knows a leader.
-    let resp = unary("status (read of the prefix)", side, timeout, client.get(prefix, Some(opts))).await?;
+    let read = client.get(range.start, Some(opts));
+    let resp = unary("status (read of the prefix)", side, timeout, read).await?;
     let (cluster_id, member_id) = resp.header().map_or((0, 0), |h| (h.cluster_id(), h.member_id()));
     let learner = match unary("member list", side, timeout, client.member_list()).await {
         Ok(list) => list.members().iter().any(|m| m.id() == member_id && m.is_learner()),

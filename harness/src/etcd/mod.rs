@@ -20,6 +20,7 @@ use crate::plan::MemberPlan;
 pub use crate::plan::{tools_dir, EtcdVersion};
 use crate::proxy::FaultProxy;
 
+mod auth;
 mod clients;
 mod node;
 mod snapshot;
@@ -347,39 +348,6 @@ impl EtcdCluster {
         let probe = mirror_core::probe_members(mirror_core::Side::Source, &side, &sync).await?;
         let reachable = probe.serving_endpoints();
         Ok(mirror_core::connect_to(mirror_core::Side::Source, &side, &sync, &reachable).await?)
-    }
-
-    /// Turns auth on with a `root` user (every harness client logs in as it from now on) and a
-    /// user `user` whose one role holds exactly `permissions`. Returns the config of that user
-    /// for the agent (`[source.auth]` / `[target.auth]`), its password in a file of the cluster.
-    pub async fn enable_auth(
-        &mut self,
-        user: &str,
-        permissions: Vec<etcd_client::Permission>,
-    ) -> anyhow::Result<mirror_core::Auth> {
-        let mut c = self.client().await?;
-        let password_of = |name: &str| -> anyhow::Result<mirror_core::Auth> {
-            let file = self._data.path().join(format!("{name}.password"));
-            std::fs::write(&file, format!("{name}-pw\n"))?;
-            Ok(mirror_core::Auth {
-                username: name.to_owned(),
-                password_file: Some(file),
-                ..Default::default()
-            })
-        };
-        c.user_add("root", "root-pw", None).await?;
-        c.user_grant_role("root", "root").await?;
-        c.role_add(user).await?;
-        for perm in permissions {
-            c.role_grant_permission(user, perm).await?;
-        }
-        c.user_add(user, format!("{user}-pw"), None).await?;
-        c.user_grant_role(user, user).await?;
-        c.auth_enable().await?;
-        let root = password_of("root")?;
-        std::fs::write(root.password_file.as_ref().expect("set above"), "root-pw\n")?;
-        self.root = Some(root);
-        password_of(user)
     }
 
     /// Whether the members that answer hold different histories: each one's KV hash at the

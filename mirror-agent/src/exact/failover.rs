@@ -15,11 +15,15 @@
 //!    the source's TTL (its record): granted, each key put again under it guarded by its mod
 //!    revision, the old one revoked empty. Those keys get new revisions (the runbook says so).
 //!
-//! It prints R, Rs and the loss window.
+//! It prints R, Rs and the loss window. A step after the promote that fails (the compaction
+//! refused to a user without the root role, the target lost) ends it with exit 6; run again, it
+//! finds its own promote and finishes the steps, each of which may run twice.
 
 use std::process::ExitCode;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KvClient, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
+};
 use mirror_core::{connect_reachable, unary, Config, Fault, Side};
 use mirror_fence::{Checkpoint, Role};
 
@@ -33,41 +37,58 @@ pub(crate) async fn failover(config: &Config) -> ExitCode {
 }
 
 async fn run(config: &Config) -> anyhow::Result<Exit> {
-    let t = config.sync.request_timeout.get();
     let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
-    let key = config.checkpoint_key();
-    let me = format!("failover/{}/{}", crate::engine::hostname(), std::process::id());
-    let mut kv = target.kv_client();
+    let me = format!("{FAILOVER}{}/{}", crate::engine::hostname(), std::process::id());
     let (record, r, rs) = match promote(config, &target, &me).await? {
-        Promoted::Now { record, r, rs } => (record, r, rs),
+        Promoted::Now { record, r, rs } => {
+            let epoch = record.epoch + 1;
+            println!("failover of link {:?}: the target is primary (epoch {epoch})", config.link_uid);
+            (record, r, rs)
+        }
+        // A failover that stopped after its promote (a step refused, the target lost): the
+        // record it wrote still holds R and Rs, and every step after the promote may run again.
+        Promoted::Already(record) if record.agent_id.starts_with(FAILOVER) => {
+            let (r, rs) = (record.watermark, record.source_seen.max(record.watermark));
+            println!(
+                "failover of link {:?}: already promoted by a failover (epoch {}); finishing its steps",
+                config.link_uid, record.epoch
+            );
+            (record, r, rs)
+        }
         Promoted::Already(record) => {
             println!("already promoted: the target is primary (epoch {})", record.epoch);
             return Ok(Exit::Done);
         }
     };
-    println!("failover of link {:?}: the target is primary (epoch {})", config.link_uid, record.epoch + 1);
+    match finish(config, &target, &record, r, rs).await {
+        Ok(()) => Ok(Exit::Done),
+        Err(e) => {
+            eprintln!(
+                "mirror-agent failover: the target is promoted, but a step after the promote failed: {e:#}\n\
+                 run `mirror-agent failover` again once the cause is fixed: it finishes the steps left"
+            );
+            Ok(Exit::PromotedIncomplete)
+        }
+    }
+}
 
-    // 2. Fillers and the compaction when clients may have seen more than the target holds.
-    let promoted = current(&mut kv, &key, t).await?;
+/// Whose record a failover's promote writes (`failover/HOST/PID`): a second run that finds it
+/// finishes the steps after the promote.
+const FAILOVER: &str = "failover/";
+
+/// The steps after the promote, each of which may run again: the fillers and the compaction
+/// when clients may have seen more than the target holds, and the lease swap.
+async fn finish(
+    config: &Config,
+    target: &Client,
+    record: &Checkpoint,
+    r: i64,
+    rs: i64,
+) -> anyhow::Result<()> {
+    let key = config.checkpoint_key();
+    let mut kv = target.kv_client();
     if r < rs {
-        let filler = [&key[..key.len() - b"checkpoint".len()], b"filler"].concat();
-        let mut head = promoted;
-        while head < rs + 2 {
-            let guard = Compare::mod_revision(key.clone(), CompareOp::Equal, promoted);
-            let put = Txn::new().when(vec![guard]).and_then(vec![TxnOp::put(
-                filler.clone(),
-                head.to_string(),
-                None,
-            )]);
-            let resp = unary("failover filler", Side::Target, t, kv.txn(put)).await?;
-            anyhow::ensure!(resp.succeeded(), "the checkpoint moved while fillers were written");
-            head = resp.header().map_or(head + 1, |h| h.revision());
-        }
-        match unary("failover compaction", Side::Target, t, kv.compact(rs + 2, None)).await {
-            Ok(_) => {}
-            Err(e) if e.fault == Fault::Compacted => {}
-            Err(e) => return Err(e.into()),
-        }
+        relist_past(config, &mut kv, &key, rs).await?;
         println!(
             "  revisions       the target holds source revisions up to R = {r}; the link had seen up to Rs = {rs}: \
              {} source revisions are lost",
@@ -81,7 +102,7 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
     } else {
         println!("  revisions       the target holds every source revision the link saw: R = Rs = {r}");
     }
-    let (swapped, reput) = swap_leases(config, &target).await?;
+    let (swapped, reput) = swap_leases(config, target).await?;
     println!(
         "  leases          {swapped} swapped for their source TTL ({reput} keys put again: new revisions)"
     );
@@ -93,7 +114,48 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
         "next: point the API servers (or other clients) at the target: {}",
         config.target.endpoints.join(",")
     );
-    Ok(Exit::Done)
+    Ok(())
+}
+
+/// Filler puts of a reserved key until the target's revision passes Rs + 1, each guarded by
+/// the promoted checkpoint, then a compaction at Rs + 2: a watch from any revision up to
+/// Rs + 1 is refused as compacted. Refused to the link's user (etcd 3.5 lets only root
+/// compact), the error says the command that does it.
+async fn relist_past(config: &Config, kv: &mut KvClient, key: &[u8], rs: i64) -> anyhow::Result<()> {
+    let t = config.sync.request_timeout.get();
+    let read = unary("read checkpoint", Side::Target, t, kv.get(key.to_vec(), None)).await?;
+    let promoted = read.kvs().first().map_or(0, |kv| kv.mod_revision());
+    let mut head = read.header().map_or(0, |h| h.revision());
+    let filler = [&key[..key.len() - b"checkpoint".len()], b"filler"].concat();
+    while head < rs + 2 {
+        let guard = Compare::mod_revision(key.to_vec(), CompareOp::Equal, promoted);
+        let put =
+            Txn::new().when(vec![guard]).and_then(vec![TxnOp::put(filler.clone(), head.to_string(), None)]);
+        let resp = unary("failover filler", Side::Target, t, kv.txn(put)).await?;
+        anyhow::ensure!(resp.succeeded(), "the checkpoint moved while fillers were written");
+        head = resp.header().map_or(head + 1, |h| h.revision());
+    }
+    // Done already (a failover run again, the compaction run by hand): a read at Rs + 1 is
+    // refused. Asked first, since etcd checks the user's right to compact before it says so.
+    let at = GetOptions::new().with_count_only().with_revision(rs + 1);
+    match unary("read at Rs + 1", Side::Target, t, kv.get(key.to_vec(), Some(at))).await {
+        Err(e) if e.fault == Fault::Compacted => return Ok(()),
+        read => drop(read?),
+    }
+    match unary("failover compaction", Side::Target, t, kv.compact(rs + 2, None)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.fault == Fault::Compacted => Ok(()),
+        Err(e) if e.fault == Fault::PermissionDenied => anyhow::bail!(
+            "compacting the target at Rs + 2 = {} was refused to the link's user ({e}; etcd 3.5 lets only \
+             root compact); until it is compacted there, a client that saw a revision the target lacks \
+             may watch from it and be served unrelated events. Compact it as root: etcdctl \
+             --endpoints={} --user root compact {}",
+            rs + 2,
+            config.target.endpoints.join(","),
+            rs + 2
+        ),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What [`promote`] found.
@@ -144,15 +206,6 @@ pub(super) async fn promote(config: &Config, target: &Client, me: &str) -> anyho
         );
         return Ok(Promoted::Now { record, r, rs });
     }
-}
-
-/// The target's revision, read with the checkpoint key.
-async fn current(kv: &mut etcd_client::KvClient, key: &[u8], t: std::time::Duration) -> anyhow::Result<i64> {
-    let opts = GetOptions::new().with_count_only();
-    Ok(unary("read revision", Side::Target, t, kv.get(key.to_vec(), Some(opts)))
-        .await?
-        .header()
-        .map_or(0, |h| h.revision()))
 }
 
 /// Swaps every lease the link granted (one with a TTL record) for one with the recorded

@@ -72,7 +72,7 @@ impl<'c> Tail<'c> {
             source,
             target,
             placed,
-            compaction: Following::default(),
+            compaction: Following::new(cfg),
             me,
             seen,
             received,
@@ -177,9 +177,7 @@ impl<'c> Tail<'c> {
                     // Also when the replica caught up with a compaction learned earlier.
                     let at = *source_compacted.borrow_and_update();
                     let (kv, t) = (self.target.kv_client(), timeout(self.cfg));
-                    if let Some(at) = self.compaction.follow(at, self.placed.watermark, kv, t).await? {
-                        exact_status(reporter, |e| e.compacted_revision = at);
-                    }
+                    self.compaction.follow(at, self.placed.watermark, kv, t, reporter).await?;
                 }
                 _ = fence.tick() => self.check_fence("").await?,
                 _ = self.spacer.pause(left_until(self.spaced)), if self.spaced.is_some() => {

@@ -26,6 +26,7 @@ mod failback;
 mod failover;
 mod freshness;
 mod http;
+mod members;
 mod metrics;
 mod progress;
 mod reporter;

@@ -129,7 +129,6 @@ mod waits;
 
 pub use causes::{ReconnectCause, Restart, ResyncCause};
 pub use error::EngineError;
-pub(crate) use probe::members_reachable;
 
 use probe::tls_fingerprint;
 pub use refusal::Refusal;
@@ -158,12 +157,6 @@ const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
-/// How often the tail probes every member of both sides in the background, so a member that
-/// went down or came back shows in `MemberUnreachable` without a reconnect.
-pub(crate) const MEMBER_CHECK_INTERVAL: Duration = Duration::from_secs(10);
-/// How often it probes while a member does not answer, so `MemberUnreachable` clears within a
-/// few seconds of the member answering again.
-pub(crate) const MEMBER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the tail looks at the TLS files for a rotation.
 const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 

@@ -79,7 +79,7 @@ impl Engine {
         let expiry = (tls_expiry(&self.cfg.source), tls_expiry(&self.cfg.target));
         let (source_info, source_cluster) = side_status(Side::Source, &source_probe)?;
         let (target_info, target_cluster) = side_status(Side::Target, &target_probe)?;
-        self.update(|s| members_reachable(s, &source_probe, &target_probe));
+        self.update(|s| crate::members::members_reachable(s, &source_probe, &target_probe));
         let learner = source_info.learner || target_info.learner;
         let trust = sync.trust_progress_notify.trusts(&source_info.version);
         self.update(|s| {
@@ -180,23 +180,6 @@ pub(super) fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
 /// The expiry of the side's CA bundle and client certificate, as loaded by this connect.
 pub(super) fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpiry> {
     side.tls.as_ref().map(mirror_core::tls::expiry).unwrap_or_default()
-}
-
-/// Lists the endpoints that did not answer and sets `MemberUnreachable` accordingly.
-pub(crate) fn members_reachable(s: &mut Status, source: &Probe, target: &Probe) {
-    let down: Vec<String> = [(Side::Source, source), (Side::Target, target)]
-        .iter()
-        .flat_map(|(side, probe)| {
-            probe.unreachable.iter().map(move |(url, why)| format!("{side} {url}: {why}"))
-        })
-        .collect();
-    s.source.unreachable_endpoints = source.unreachable.iter().map(|(url, _)| url.clone()).collect();
-    s.target.unreachable_endpoints = target.unreachable.iter().map(|(url, _)| url.clone()).collect();
-    if down.is_empty() {
-        s.set_condition(ConditionType::MemberUnreachable, false, Reason::AllMembersAnswer, "");
-    } else {
-        s.set_condition(ConditionType::MemberUnreachable, true, Reason::ProbeFailed, down.join("; "));
-    }
 }
 
 pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64), EngineError> {

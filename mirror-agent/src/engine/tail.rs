@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use mirror_core::{
-    now_rfc3339, probe_members, ConditionType, ErrorClass, EtcdError, Fault, Mode, Phase, Probe, Reason, Side,
-};
+use mirror_core::{now_rfc3339, ConditionType, ErrorClass, EtcdError, Fault, Mode, Phase, Reason, Side};
 use mirror_watch::{prove_unchanged, Buffered, Delivery, IdleProof, Revision, Watch, WatchEnd};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -17,15 +15,12 @@ use super::confirm::Confirmer;
 use super::decide::{idle_proof_spacing, on_progress_reply, OnReply, ReconcileClock, Reply};
 use super::leases::LeaseNews;
 use super::link::{Link, Step};
-use super::waits::{join_some, reload_changed, sleep_until_some};
+use super::waits::{reload_changed, sleep_until_some};
 use super::{
-    members_reachable, tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause,
-    FENCE_CHECK_INTERVAL, MEMBER_CHECK_INTERVAL, MEMBER_RECHECK_INTERVAL, TLS_CHECK_INTERVAL,
+    tls_fingerprint, EngineError, Progress, ReconnectCause, ResyncCause, FENCE_CHECK_INTERVAL,
+    TLS_CHECK_INTERVAL,
 };
 use mirror_fence::Applier;
-
-/// A probe of the source and of the target.
-pub(super) type BothProbes = (Result<Probe, EtcdError>, Result<Probe, EtcdError>);
 
 /// The tail phase: follows the source's watch from the watermark, and until `scan_end` is
 /// reached, finishes the initial sync.
@@ -41,8 +36,6 @@ pub(super) struct Tail {
     /// proofs read the range keys-only, so they are spaced to at most a fifth of the time, but
     /// never farther apart than `progress_interval`.
     next_idle_proof: Option<Instant>,
-    /// A background probe of every member of both sides (for `MemberUnreachable`).
-    member_probe: Option<tokio::task::JoinHandle<BothProbes>>,
     /// What the source last said about its revision, and the confirm read in flight
     /// (`confirmed_time`).
     confirmer: Confirmer,
@@ -57,7 +50,6 @@ impl Tail {
             drain_target: None,
             drain_settles: 0,
             next_idle_proof: None,
-            member_probe: None,
             confirmer: Confirmer::default(),
         }
     }
@@ -88,7 +80,8 @@ impl Tail {
         let mut reconcile_clock = ReconcileClock::start(Instant::now());
         let mut fence_check = tokio::time::interval(FENCE_CHECK_INTERVAL);
         let mut tls_check = tokio::time::interval(TLS_CHECK_INTERVAL);
-        let mut member_check = tokio::time::interval(MEMBER_CHECK_INTERVAL);
+        // Members that go down or come back, said in status (`MemberUnreachable`) meanwhile.
+        let _members = crate::members::watch_members(link.engine.cfg.clone(), link.engine.reporter.clone());
         // While the initial sync waits for scan_end, ask for progress often.
         let mut progress =
             tokio::time::interval(if self.scan_end.is_some() { Duration::from_millis(500) } else { steady });
@@ -131,27 +124,6 @@ impl Tail {
                 _ = tls_check.tick(), if link.tls_files.is_some() && self.scan_end.is_none() => {
                     if tls_fingerprint(link.cfg()) != link.tls_files {
                         return Err(EngineError::Reconnect(ReconnectCause::TlsFilesChanged));
-                    }
-                    continue;
-                }
-                _ = member_check.tick(), if self.member_probe.is_none() => {
-                    let cfg = link.engine.cfg.clone();
-                    self.member_probe = Some(tokio::spawn(async move {
-                        let source = probe_members(Side::Source, &cfg.source, &cfg.sync).await;
-                        let target = probe_members(Side::Target, &cfg.target, &cfg.sync).await;
-                        (source, target)
-                    }));
-                    continue;
-                }
-                probed = join_some(&mut self.member_probe) => {
-                    self.member_probe = None;
-                    if let Ok((Ok(source), Ok(target))) = probed {
-                        link.engine.update(|s| members_reachable(s, &source, &target));
-                        let down = !source.unreachable.is_empty() || !target.unreachable.is_empty();
-                        let every = if down { MEMBER_RECHECK_INTERVAL } else { MEMBER_CHECK_INTERVAL };
-                        if member_check.period() != every {
-                            member_check = tokio::time::interval_at(Instant::now() + every, every);
-                        }
                     }
                     continue;
                 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, CompactionOptions, KvClient, WatchOptions};
 use mirror_core::{unary, Config, ErrorClass, Fault, LastError, Reason, Side};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::Stop;
@@ -94,15 +95,6 @@ impl Following {
     }
 }
 
-/// A task aborted when dropped (the run that started it ended).
-pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Starts learning the source's compacted revision every [`COMPACTION_CHECK`], publishing it
 /// to `learned`, on a task that ends when the handle is dropped: each probe waits up to a
 /// second for etcd's answer, which the tail must not.
@@ -110,8 +102,8 @@ pub(super) fn learn_compaction(
     mut source: Client,
     cfg: Config,
     learned: tokio::sync::watch::Sender<i64>,
-) -> AbortOnDrop {
-    AbortOnDrop(tokio::spawn(async move {
+) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
         loop {
             if let Ok(Some(at)) = compacted_revision(&mut source, &cfg).await {
                 learned.send_if_modified(|known| std::mem::replace(known, at) != at);

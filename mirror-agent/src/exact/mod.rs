@@ -36,7 +36,6 @@ pub(crate) mod digest;
 pub(crate) mod failover;
 mod flight;
 mod leases;
-mod members;
 mod replica;
 mod seed;
 mod tail;
@@ -156,7 +155,7 @@ async fn run_once(
         Ok(probed) => probed,
         Err(e) => return e.into(),
     };
-    reporter.update(|s| crate::engine::members_reachable(s, &source_probe, &target_probe));
+    reporter.update(|s| crate::members::members_reachable(s, &source_probe, &target_probe));
     // Every target lease is kept alive from the run's first second, through the proof of the
     // seed too (a restored target's master leases live 15 s; a proof of many keys takes longer).
     let hold = cfg.sync.exact_lease_hold.get();

@@ -117,7 +117,7 @@ impl<'c> Tail<'c> {
         // second for etcd's answer, which the tail must not (it stalled every revision behind).
         let (learned, mut source_compacted) = tokio::sync::watch::channel(0i64);
         let _probe = learn_compaction(self.source.clone(), self.cfg.clone(), learned);
-        let _members = super::members::watch_members(self.cfg.clone(), reporter.clone());
+        let _members = crate::members::watch_members(self.cfg.clone(), reporter.clone());
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
         loop {

@@ -1,5 +1,5 @@
-//! Txns in flight (also through a target's or a source's leader loss), 200 KiB values,
-//! revisions cut into fragments or over the decode limit, snapshot leases running out while
+//! Txns in flight (also through a target's or a source's leader loss), 200 KiB values, an
+//! event lease of 10 000 keys running out, revisions cut into fragments or over the decode limit, snapshot leases running out while
 //! every agent is down, unanswered keep-alives, and the pause.
 
 use std::time::Duration;
@@ -154,6 +154,52 @@ async fn values_of_200_kib_land_exact() {
     src.txn(Txn::new().and_then(ops)).await.unwrap();
     let mut dst = target.client().await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the 200 KiB values").await;
+    assert!(agent.status().await.unwrap().last_error.is_none());
+}
+
+/// An event lease running out (kube-apiserver puts the events of a minute under one lease):
+/// 10 000 keys of Kubernetes event names (about 80 bytes) under one lease granted after the
+/// seed, left to expire on the source, which deletes them all as one revision. That revision
+/// lands as one target Txn (10 000 deletes nested at the target's default 128 ops a level,
+/// guarded by the keyspace compare, about 1 MB, under the default 1.5 MiB request limit),
+/// whose watch response is cut into pieces; the target lease is revoked once empty. The
+/// replica is exact, the target at the source's revision.
+#[tokio::test]
+async fn an_event_lease_of_10_000_keys_running_out_lands_as_one_revision() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 10, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "before the events").await;
+    let lease = src.lease_grant(6, None).await.unwrap().id();
+    let name = |i: usize| {
+        format!("/registry/events/kube-system/kube-controller-manager-node-{i:05}.17f1d3c2a9b8e4f0")
+    };
+    for chunk in (0..10_000).collect::<Vec<_>>().chunks(100) {
+        let puts = chunk
+            .iter()
+            .map(|&i| TxnOp::put(name(i), "event", Some(PutOptions::new().with_lease(lease))))
+            .collect::<Vec<_>>();
+        src.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    let before = current_revision(&mut src).await.unwrap();
+    super::gone(&mut src, "/registry/events/").await;
+    let after = current_revision(&mut src).await.unwrap();
+    assert_eq!(after, before + 1, "the lease's expiry is one revision on the source");
+    assert_exact(&agent, &mut src, &mut dst, "after the event lease ran out").await;
+    assert_eq!(current_revision(&mut dst).await.unwrap(), after, "one target revision for it");
+    let revoked = async {
+        while dst.leases().await.unwrap().leases().iter().any(|l| l.id() == lease) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), revoked)
+        .await
+        .expect("the target lease is revoked once empty");
     assert!(agent.status().await.unwrap().last_error.is_none());
 }
 

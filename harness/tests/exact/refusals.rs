@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use etcd_client::{PutOptions, Txn, TxnOp};
 use harness::exact::{exact_config, seed, SnapshotSave};
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
 use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
@@ -196,6 +197,44 @@ async fn a_revision_over_the_targets_request_limit_stops_the_link() {
     let big = landed + 1;
     assert!(err.message.contains(&format!("source revision {big}")), "{}", err.message);
     assert!(err.message.contains("--max-request-bytes"), "{}", err.message);
+    let mut dst = target.client().await.unwrap();
+    assert_eq!(
+        current_revision(&mut dst).await.unwrap(),
+        landed,
+        "nothing written past the last revision landed"
+    );
+}
+
+/// The same stop for a revision etcd made itself, with both sides at the same limit (256
+/// KiB): 4 000 event keys under one lease, put in Txns of 100, then the lease is revoked (as
+/// when it runs out: a request of a few bytes) and the source deletes them all as one revision
+/// (about 330 KiB as a target Txn), larger than any request the source took. The message names
+/// the revision's size and what makes one.
+#[tokio::test]
+async fn a_lease_running_out_over_the_targets_request_limit_stops_the_link() {
+    let spec = || ClusterSpec::new(EtcdVersion::V3_5_30).arg(format!("--max-request-bytes={}", 256 << 10));
+    let source = EtcdCluster::start(spec()).await.unwrap();
+    let mut target = EtcdCluster::start(spec()).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let lease = src.lease_grant(600, None).await.unwrap().id();
+    let name =
+        |i: usize| format!("/registry/events/default/web-7d4b9c6f5-{i:05}.17f1d3c2a9b8e4f0a1b2c3d4e5f6a7b8");
+    for chunk in (0..4000).collect::<Vec<_>>().chunks(100) {
+        let puts = chunk.iter().map(|&i| TxnOp::put(name(i), "e", Some(PutOptions::new().with_lease(lease))));
+        src.txn(Txn::new().and_then(puts.collect::<Vec<_>>())).await.unwrap();
+    }
+    let landed = caught_up(&agent, &mut src).await.unwrap().watermark;
+    src.lease_revoke(lease).await.unwrap();
+
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    let err = failed.last_error.expect("a last error");
+    assert_eq!(err.reason.as_str(), "RevisionTooLarge", "{}", err.message);
+    let said = &err.message;
+    assert!(said.contains(&format!("source revision {} (4000 changes, about ", landed + 1)), "{said}");
+    assert!(said.contains("a lease running out") && said.contains("--max-request-bytes above"), "{said}");
     let mut dst = target.client().await.unwrap();
     assert_eq!(
         current_revision(&mut dst).await.unwrap(),

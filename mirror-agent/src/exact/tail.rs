@@ -271,7 +271,7 @@ impl<'c> Tail<'c> {
     ) -> Result<(), Stop> {
         let (first, after_landed) =
             flight.sent.front().map(|s| (s.rev.revision, s.after_landed)).expect("in flight");
-        let (verdict, here, lost) = self.verdict(first, answer)?;
+        let (verdict, here, lost) = self.verdict(&flight.sent[0].rev, answer)?;
         if verdict == Verdict::Again && !lost && after_landed {
             // Its predecessor had landed before it was sent, yet it found the checkpoint behind
             // it: the checkpoint went back (deleted, or put again) under another writer.
@@ -298,8 +298,7 @@ impl<'c> Tail<'c> {
         }
         let (mut verdicts, mut lost) = (vec![verdict], lost);
         for (i, answer) in flight.drain().await.into_iter().enumerate() {
-            let revision = flight.sent[i + 1].rev.revision;
-            let (verdict, _, lost_too) = self.verdict(revision, answer)?;
+            let (verdict, _, lost_too) = self.verdict(&flight.sent[i + 1].rev, answer)?;
             verdicts.push(verdict);
             lost |= lost_too;
         }
@@ -325,9 +324,10 @@ impl<'c> Tail<'c> {
     /// stops the link.
     fn verdict(
         &self,
-        revision: i64,
+        rev: &ExactRevision,
         answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
     ) -> Result<(Verdict, bool, bool), Stop> {
+        let revision = rev.revision;
         let resp = match answer {
             Ok(resp) => resp,
             // The member that took it is unreachable (down, or the connection broke): sent again
@@ -337,7 +337,7 @@ impl<'c> Tail<'c> {
             Err(e) if e.is_unreachable() => return Err(e.into()),
             // A revision lands whole or not at all: one the target cannot take as one Txn never
             // will, whatever is retried.
-            Err(e) if e.fault.is_txn_too_big() => return Err(too_big(revision, &e)),
+            Err(e) if e.fault.is_txn_too_big() => return Err(too_big(rev, &e)),
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
                 return Ok((Verdict::Again, false, true));
             }
@@ -410,16 +410,24 @@ impl<'c> Tail<'c> {
     }
 }
 
-/// Txn `revision` refused by the target as too large (`--max-request-bytes`) or of too many
-/// ops (`--max-txn-ops`).
-fn too_big(revision: i64, e: &mirror_core::EtcdError) -> Stop {
+/// Txn `rev` refused by the target as too large (`--max-request-bytes`) or of too many ops
+/// (`--max-txn-ops`). A revision etcd made itself (a lease running out, a range delete: one
+/// small request, or none) can be larger than any request the source took, so the message
+/// names the revision's size rather than pointing at the source's limits alone.
+fn too_big(rev: &ExactRevision, e: &mirror_core::EtcdError) -> Stop {
+    let bytes: usize = rev.changes.iter().map(mirror_core::Change::size).sum();
     Stop::lost(
         Reason::RevisionTooLarge,
         format!(
-            "source revision {revision} cannot land as one target Txn, which exact mode needs: the target refused it \
-             ({}). Give the target the source's --max-request-bytes and --max-txn-ops at least (a few KiB more for \
-             the link's compares and checkpoint record), or lower sync.max_txn_ops to the target's --max-txn-ops, \
-             and restart the agent",
+            "source revision {} ({} changes, about {} KiB of keys, values and ops) cannot land as one target Txn, \
+             which exact mode needs: the target refused it ({}). A revision etcd makes itself (a lease running out, \
+             a range delete) can be larger than any request the source took. Start the target with \
+             --max-request-bytes above that size (a Kubernetes replica: 32 MiB covers an event lease of about 300 000 \
+             keys) and --max-txn-ops at least sync.max_txn_ops (or lower sync.max_txn_ops to it), and restart the \
+             agent: it goes on from its checkpoint",
+            rev.revision,
+            rev.changes.len(),
+            bytes.div_ceil(1024),
             e.said()
         ),
     )

@@ -197,8 +197,10 @@ fn print_next_steps(cfg: &Config, file: &Path, r0: i64, bytes: u64, seed: &SeedF
     println!("  (etcd 3.4: ETCDCTL_API=3 etcdctl snapshot restore, same flags)");
     println!(
         "\nThen start the target members with --auto-compaction-retention=0 (the agent compacts the target where the source \
-         does), change the target's credentials (the restore copied the source's users and roles), set sync.exact_seed = {:?} \
-         and start the agent. This command keeps spooling until the link runs; Ctrl-C stops it.",
+         does) and --max-request-bytes=33554432 (a lease running out lands as one Txn deleting all its keys), change the \
+         target's credentials (the restore copied the source's users and roles; the link's user needs readwrite on every \
+         key and, on etcd 3.5, the root role to compact), set sync.exact_seed = {:?} and start the agent. This command \
+         keeps spooling until the link runs; Ctrl-C stops it.",
         file.display().to_string()
     );
 }

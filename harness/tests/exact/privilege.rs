@@ -31,8 +31,8 @@ fn all_keys(p: fn(Vec<u8>) -> Permission) -> Vec<Permission> {
     vec![p(vec![0]).with_from_key()]
 }
 
-/// The tail, a lease the source keeps alive and the source's compaction under those users;
-/// then a failover behind what clients saw (R < Rs), which compacts the target past Rs.
+/// The tail, a lease the source keeps alive, the source's compaction and `verify` under those
+/// users; then a failover behind what clients saw (R < Rs), which compacts the target past Rs.
 /// On 3.4 the target user compacts: the target follows the source's compaction and the
 /// failover ends with 0. On 3.5 both compactions are refused to it: the replica goes on exact
 /// (phase syncing, `last_error` PermissionDenied naming the compaction and the command that
@@ -92,6 +92,10 @@ async fn an_exact_replica_under_least_privilege_users(#[case] version: EtcdVersi
     src.put("/registry/pods/after-refusal", "1", None).await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "after the compaction check").await;
     assert_eq!(agent.status().await.unwrap().phase, Phase::Syncing);
+    let verified = agent_command(&cfg, "verify", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(0), "verify under those users: {said}");
+    assert!(said.contains("EQUAL"), "{said}");
 
     // The agent is down while the source takes 100 revisions; it comes back through a slow
     // target, sees them all and lands a few before the source dies: R < Rs.

@@ -6,10 +6,28 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions, PutOptions};
 use harness::exact::{exact_config, keyspace, seed};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
-use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdVersion};
+use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion, Proxies};
 use mirror_core::Phase;
 
 use super::{assert_exact, cluster};
+
+/// The agent, down while the source took revisions, comes back through a slow target (the
+/// target's `proxies` delayed 100 ms), sees them all (the watch's header) and lands a few; then
+/// the source's member dies, and the agent is killed: R < Rs for a failover.
+pub(super) async fn land_a_few_then_lose_the_source(
+    agent: &mut AgentProcess,
+    source: &mut EtcdCluster,
+    dst: &mut Client,
+    proxies: &Proxies,
+) {
+    proxies.delay(Duration::from_millis(100));
+    agent.restart().await.unwrap();
+    let start = current_revision(dst).await.unwrap();
+    agent.wait_for("a few landed", SYNC_TIMEOUT, |s| s.watermark > start + 2).await.unwrap();
+    source.node(0).kill().await.unwrap();
+    agent.kill9().await.unwrap();
+    proxies.heal();
+}
 
 /// A list-then-watch client of the source (an informer): its cache after listing at one
 /// revision and applying every event of its watch up to another.
@@ -143,13 +161,7 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
     agent.kill9().await.unwrap();
     Churn::new("/registry/pods/", 100, 500, 30).spawn(src.clone()).await.unwrap().unwrap();
     let seen = Informer::list(&mut src, "/registry/").await;
-    proxies.delay(Duration::from_millis(100));
-    agent.restart().await.unwrap();
-    let start = current_revision(&mut dst).await.unwrap();
-    agent.wait_for("a few landed", SYNC_TIMEOUT, |s| s.watermark > start + 2).await.unwrap();
-    source.node(0).kill().await.unwrap();
-    agent.kill9().await.unwrap();
-    proxies.heal();
+    land_a_few_then_lose_the_source(&mut agent, &mut source, &mut dst, &proxies).await;
 
     let out = agent_command(&cfg, "failover", &[]).await.unwrap();
     let said = String::from_utf8_lossy(&out.stdout);

@@ -3,8 +3,6 @@
 //! target (the restore copies the source's auth store), reads and writes it. Neither has the
 //! root role, which etcd 3.5 requires for a compaction and 3.4 does not.
 
-use std::time::Duration;
-
 use etcd_client::{Permission, PutOptions};
 use harness::exact::{exact_config, refuses_read_at, seed};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
@@ -102,13 +100,7 @@ async fn an_exact_replica_under_least_privilege_users(#[case] version: EtcdVersi
     agent.kill9().await.unwrap();
     Churn::new("/registry/pods/", 100, 500, 20).spawn(src.clone()).await.unwrap().unwrap();
     let rs = current_revision(&mut src).await.unwrap();
-    proxies.delay(Duration::from_millis(100));
-    agent.restart().await.unwrap();
-    let start = current_revision(&mut dst).await.unwrap();
-    agent.wait_for("a few landed", SYNC_TIMEOUT, |s| s.watermark > start + 2).await.unwrap();
-    source.node(0).kill().await.unwrap();
-    agent.kill9().await.unwrap();
-    proxies.heal();
+    super::failover::land_a_few_then_lose_the_source(&mut agent, &mut source, &mut dst, &proxies).await;
 
     let out = agent_command(&cfg, "failover", &[]).await.unwrap();
     let (said, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -76,8 +76,7 @@ async fn answering_source_endpoint(config: &Config) -> Option<String> {
     sync.dial_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
     sync.request_timeout = HumanDuration(SOURCE_PROBE_TIMEOUT);
     // etcd refuses an empty key: the whole keyspace (exact mode's prefix "") starts at "\0".
-    let key =
-        if config.source.prefix.is_empty() { vec![0] } else { config.source.prefix.as_bytes().to_vec() };
+    let key = mirror_core::KeyRange::prefix(config.source.prefix.as_bytes()).start;
     let (sync, key) = (&sync, key);
     let mut probes: futures::stream::FuturesUnordered<_> = config
         .source

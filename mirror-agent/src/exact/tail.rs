@@ -269,9 +269,9 @@ impl<'c> Tail<'c> {
         replicas: &mut Replicas,
         reporter: &Reporter,
     ) -> Result<(), Stop> {
-        let (first, after_landed) =
-            flight.sent.front().map(|s| (s.rev.revision, s.after_landed)).expect("in flight");
-        let (verdict, here, lost) = self.verdict(&flight.sent[0].rev, answer)?;
+        let oldest = flight.sent.front().expect("in flight");
+        let (first, after_landed) = (oldest.rev.revision, oldest.after_landed);
+        let (verdict, here, lost) = self.verdict(&oldest.rev, answer)?;
         if verdict == Verdict::Again && !lost && after_landed {
             // Its predecessor had landed before it was sent, yet it found the checkpoint behind
             // it: the checkpoint went back (deleted, or put again) under another writer.

@@ -152,6 +152,13 @@ pub async fn etcdctl_watch(
     Ok(events)
 }
 
+/// `--admin-user U --admin-password-file F` of `admin`, or nothing.
+pub fn admin_args(admin: Option<&mirror_core::Auth>) -> Vec<std::ffi::OsString> {
+    let Some(admin) = admin else { return Vec::new() };
+    let file = admin.password_file.clone().unwrap_or_default();
+    vec!["--admin-user".into(), admin.username.clone().into(), "--admin-password-file".into(), file.into()]
+}
+
 fn base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -173,6 +180,14 @@ pub struct SnapshotSave {
 impl SnapshotSave {
     /// Starts `snapshot save` for `config` into a new directory and waits until it printed R0.
     pub async fn start(config: &AgentConfig) -> anyhow::Result<SnapshotSave> {
+        SnapshotSave::start_as(config, None).await
+    }
+
+    /// [`SnapshotSave::start`] with `--admin-user` and `--admin-password-file` of `admin`.
+    pub async fn start_as(
+        config: &AgentConfig,
+        admin: Option<&mirror_core::Auth>,
+    ) -> anyhow::Result<SnapshotSave> {
         use tokio::io::AsyncBufReadExt as _;
         let dir = tempfile::Builder::new().prefix("mirror-seed-").tempdir()?;
         let file = dir.path().join("seed.db");
@@ -184,6 +199,7 @@ impl SnapshotSave {
             .arg(&file)
             .arg("--config")
             .arg(&cfg_path)
+            .args(admin_args(admin))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .kill_on_drop(true)

@@ -41,6 +41,12 @@ impl EtcdCluster {
         self.password_of(user, &password)
     }
 
+    /// The root user's credentials once [`EtcdCluster::enable_auth`] ran, for commands that
+    /// take admin credentials of their own (`snapshot save --admin-user`).
+    pub fn root(&self) -> Option<&Auth> {
+        self.root.as_ref()
+    }
+
     /// After this cluster was restored from a snapshot of `other` (which copies its auth
     /// store): harness clients log in as `other`'s root.
     pub fn logs_in_as_root_of(&mut self, other: &EtcdCluster) {

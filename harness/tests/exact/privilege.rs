@@ -4,7 +4,7 @@
 //! root role, which etcd 3.5 requires for a compaction and 3.4 does not.
 
 use etcd_client::{Permission, PutOptions};
-use harness::exact::{exact_config, refuses_read_at, seed};
+use harness::exact::{exact_config, refuses_read_at, seed, SnapshotSave};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdVersion};
 use mirror_core::{Auth, Phase, Reason};
@@ -128,4 +128,43 @@ async fn an_exact_replica_under_least_privilege_users(#[case] version: EtcdVersi
     let ttl = dst.lease_time_to_live(swapped, None).await.unwrap().granted_ttl();
     assert_eq!(ttl, 30, "the node lease has the source's TTL");
     dst.put("/registry/pods/after", "new", None).await.expect("the target takes writes");
+}
+
+/// `snapshot save` as the link's source user (no `--admin-user`): etcd refuses that user the
+/// Snapshot call, and the command fails (exit 1) naming the refusal and leaving none of its
+/// files, so the operator's retry with `--admin-user root` starts clean and saves. Before, the
+/// spool it had opened before the snapshot stayed, and the retry was refused ("exists; it is
+/// never overwritten") until the operator found and removed it.
+#[rstest]
+#[case::v3_5_30(EtcdVersion::V3_5_30)]
+#[case::v3_4_23(EtcdVersion::V3_4_23)]
+#[tokio::test]
+async fn snapshot_save_refused_the_snapshot_leaves_nothing_behind(#[case] version: EtcdVersion) {
+    let mut source = cluster(version).await;
+    let target = cluster(version).await;
+    let reader = source.enable_auth("reader", all_keys(Permission::read)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr").overlay(&auth_toml(&reader, &reader));
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg_path, file) = (dir.path().join("mirror.toml"), dir.path().join("seed.db"));
+    std::fs::write(&cfg_path, cfg.render()).unwrap();
+
+    let out = tokio::process::Command::new(harness::agent_binary())
+        .args(["snapshot", "save"])
+        .arg(&file)
+        .arg("--config")
+        .arg(&cfg_path)
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.to_lowercase().contains("permission denied"), "the refusal is named: {said}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    // Only the config: `read_dir` has no order, but one name has one.
+    assert_eq!(left, vec![std::ffi::OsString::from("mirror.toml")], "no partial file left");
+
+    let save = SnapshotSave::start_as(&cfg, source.root()).await.unwrap();
+    assert_eq!(save.r0, current_revision(&mut src).await.unwrap(), "{}", save.printed);
 }

@@ -167,6 +167,48 @@ async fn snapshot_save_stopped_before_the_link_runs_exits_1() {
     assert!(save.file.exists() && spool.exists(), "the snapshot and its spool are left in place");
 }
 
+/// Ctrl-C while the snapshot streams (the source 300 ms away each way, so the Snapshot call is
+/// in flight when the spool, opened just before it, appears): exit 1, and the seed's partial
+/// files go (the spool, the snapshot's `.part`), so the next try starts clean. Before, the
+/// signal's default action killed the command (no exit code) and left the spool, which the
+/// next try refused to overwrite.
+#[tokio::test]
+async fn snapshot_save_stopped_during_the_snapshot_exits_1_and_leaves_nothing() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 64).await.unwrap();
+    let proxies = source.proxies().await.unwrap();
+    proxies.delay(Duration::from_millis(300));
+    let mut cfg = exact_config(&source, &target, "k8s-dr");
+    cfg.source = proxies.endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg_path, file) = (dir.path().join("mirror.toml"), dir.path().join("seed.db"));
+    std::fs::write(&cfg_path, cfg.render()).unwrap();
+    let mut save = tokio::process::Command::new(harness::agent_binary())
+        .args(["snapshot", "save"])
+        .arg(&file)
+        .arg("--config")
+        .arg(&cfg_path)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let spool = file.with_extension("db.spool");
+    let opened = async {
+        while !spool.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), opened).await.expect("the spool was opened");
+    assert!(!file.exists(), "the snapshot is still streaming");
+    harness::send_signal(save.id().unwrap(), libc::SIGINT);
+    let status = tokio::time::timeout(Duration::from_secs(30), save.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    // Only the config: `read_dir` has no order, but one name has one.
+    assert_eq!(left, vec![std::ffi::OsString::from("mirror.toml")], "no partial file left");
+}
+
 /// A source revision whose Txn the target refuses as too large (a source that takes larger
 /// requests than the target: here 256 KiB against 64 KiB, a 100 KiB value) cannot land as one
 /// target Txn: the link stops with `RevisionTooLarge`, naming the revision and the target's

@@ -10,6 +10,9 @@
 //! 4. Prints R0 and the restore commands, and keeps spooling until the link's checkpoint on the
 //!    target has passed the source's compacted revision: from then on the source's own history
 //!    covers the link, and the spool is no longer needed.
+//!
+//! Ctrl-C (or SIGTERM) at any step exits 1: before step 3 ends, the partial files are removed
+//! (a failed step removes them too); after it, the snapshot, seed file and spool stay.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,6 +22,7 @@ use etcd_client::{Client, GetOptions};
 use mirror_core::{connect_reachable, read_password, Auth, Config, EtcdError, Side};
 use mirror_watch::{ExactDelivery, ExactWatch, SpoolWriter};
 use tokio::io::AsyncWriteExt as _;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::exact::digest::{digest_at, spool_path, SeedFile};
 use crate::exit::Exit;
@@ -50,6 +54,67 @@ async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<
             return Ok(Exit::CannotStart);
         }
     }
+    // From here on a Ctrl-C (or SIGTERM) ends the command with exit 1 and a word on what it
+    // leaves: installed before the first step, so no stage dies of the default action.
+    let mut stop = Stop::install()?;
+    // A seed that did not complete is of no use and would block the next try ("never
+    // overwritten"): its partial files go. None of them existed before this run.
+    let partial = || {
+        for path in [file.to_path_buf(), part_path(file), spool.clone(), SeedFile::path(file)] {
+            let _ = std::fs::remove_file(path);
+        }
+    };
+    let saved = tokio::select! {
+        saved = seed(cfg, file, &spool, admin) => saved.inspect_err(|_| partial())?,
+        () = stop.recv() => {
+            partial();
+            println!("Stopped before the seed was complete: its partial files are removed.");
+            return Ok(Exit::No);
+        }
+    };
+    let Some(Saved { spooler, spooled, r0, bytes, seed }) = saved else { return Ok(Exit::CannotStart) };
+
+    // 4. What to do next, then spool until the link runs.
+    print_next_steps(cfg, file, r0, bytes, &seed);
+    let until = link_runs(cfg);
+    tokio::select! {
+        ended = spooler => {
+            let err = ended.map_err(|e| anyhow::anyhow!("the spool task failed: {e}"))?;
+            return Err(err.context("spooling stopped before the link ran; the seed's deadline is now the source's compaction"));
+        }
+        at = until => {
+            let (last, size) = *spooled.borrow();
+            println!(
+                "The link runs at source revision {at}, past the source's compaction: the spool (up to revision {last}, \
+                 {size} bytes) is no longer needed."
+            );
+        }
+        () = stop.recv() => {
+            let (last, _) = *spooled.borrow();
+            println!("Stopped: the spool ends at source revision {last}; from there the seed's deadline is the source's compaction.");
+            return Ok(Exit::No);
+        }
+    }
+    Ok(Exit::Done)
+}
+
+/// What steps 1-3 leave: the spool task, its progress (last revision, bytes), and the seed.
+struct Saved {
+    spooler: AbortOnDropHandle<anyhow::Error>,
+    spooled: tokio::sync::watch::Receiver<(i64, u64)>,
+    r0: i64,
+    bytes: u64,
+    seed: SeedFile,
+}
+
+/// Steps 1-3: the spool from H + 1, the snapshot, the digest at R0 and the seed file. `None`
+/// when the source cannot be reached (said on stderr).
+async fn seed(
+    cfg: &Config,
+    file: &Path,
+    spool: &Path,
+    admin: Option<Admin>,
+) -> anyhow::Result<Option<Saved>> {
     let mut side = cfg.source.clone();
     if let Some(admin) = &admin {
         let auth = Auth {
@@ -66,7 +131,7 @@ async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<
         Ok(c) => c,
         Err(e) => {
             eprintln!("mirror-agent snapshot save: {e}");
-            return Ok(Exit::CannotStart);
+            return Ok(None);
         }
     };
     let head = source.get(vec![0], Some(GetOptions::new().with_count_only())).await?;
@@ -75,9 +140,9 @@ async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<
 
     // 1. The spool, from H + 1, before the snapshot starts.
     let watch = ExactWatch::open(&mut source, h + 1).await?;
-    let writer = SpoolWriter::create(&spool)?;
+    let writer = SpoolWriter::create(spool)?;
     let (spooled_tx, spooled) = tokio::sync::watch::channel((h, 0u64));
-    let spooler = tokio::spawn(spool_forever(watch, writer, spooled_tx));
+    let spooler = AbortOnDropHandle::new(tokio::spawn(spool_forever(watch, writer, spooled_tx)));
 
     // 2. The snapshot.
     let bytes = stream_snapshot(&mut source, file).await?;
@@ -95,29 +160,27 @@ async fn run(cfg: &Config, file: &Path, admin: Option<Admin>) -> anyhow::Result<
     let seed =
         SeedFile { link_uid: cfg.link_uid.clone(), source_cluster_id: cluster, digest, spool_from: h + 1 };
     std::fs::write(SeedFile::path(file), serde_json::to_vec_pretty(&seed)?)?;
+    Ok(Some(Saved { spooler, spooled, r0, bytes, seed }))
+}
 
-    // 4. What to do next, then spool until the link runs.
-    print_next_steps(cfg, file, r0, bytes, &seed);
-    let until = link_runs(cfg);
-    tokio::select! {
-        ended = spooler => {
-            let err = ended.map_err(|e| anyhow::anyhow!("the spool task failed: {e}"))?;
-            return Err(err.context("spooling stopped before the link ran; the seed's deadline is now the source's compaction"));
-        }
-        at = until => {
-            let (last, size) = *spooled.borrow();
-            println!(
-                "The link runs at source revision {at}, past the source's compaction: the spool (up to revision {last}, \
-                 {size} bytes) is no longer needed."
-            );
-        }
-        _ = tokio::signal::ctrl_c() => {
-            let (last, _) = *spooled.borrow();
-            println!("Stopped: the spool ends at source revision {last}; from there the seed's deadline is the source's compaction.");
-            return Ok(Exit::No);
+/// SIGINT and SIGTERM, caught from the moment [`Stop::install`] returns.
+struct Stop {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> std::io::Result<Stop> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Stop { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
         }
     }
-    Ok(Exit::Done)
 }
 
 /// Appends every revision the watch delivers to the spool, synced after each response.
@@ -149,9 +212,13 @@ async fn spool_forever(
     }
 }
 
+fn part_path(file: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.part", file.display()))
+}
+
 /// Streams the Snapshot to `FILE.part`, then renames it to `file`; shows a progress bar.
 async fn stream_snapshot(source: &mut Client, file: &Path) -> anyhow::Result<u64> {
-    let part = PathBuf::from(format!("{}.part", file.display()));
+    let part = part_path(file);
     let mut out = tokio::fs::File::create(&part).await?;
     let mut stream = source.maintenance_client().snapshot().await?;
     let bar = indicatif::ProgressBar::new(0).with_style(

@@ -22,8 +22,8 @@ pub enum Exit {
     PromotedSourceMoved,
     /// 5: `cutover`: promoted, but the source could not be read afterwards to check.
     PromotedUnchecked,
-    /// 6: `failover` of an exact link: promoted, but a step after it failed (the fillers, the
-    /// compaction past Rs, the lease swap); `failover` run again finishes it.
+    /// 6: `failover` or `cutover` of an exact link: promoted, but a step after it failed (the
+    /// fillers, the compaction past Rs, the lease swap); the same command run again finishes it.
     PromotedIncomplete,
 }
 

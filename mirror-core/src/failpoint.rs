@@ -4,7 +4,8 @@
 //! to nothing. The hooks themselves live where they act: `mirror-fence`'s writer
 //! (`DROP_CHECKPOINT_EVERY`), the agent's coalesced deletes (`FOREIGN_PUT_AFTER_COALESCE_READ`),
 //! every lease keep-alive (`UNANSWERED_KEEP_ALIVES`, `keep_alive_once`), `failover`
-//! (`FAILOVER_MOVE_FENCE`) and `cutover` without `--wait` (`DETACHED_CLAIM_WAIT`).
+//! (`FAILOVER_MOVE_FENCE`), `cutover` without `--wait` (`DETACHED_CLAIM_WAIT`) and an exact
+//! link's lease swap after its promote (`LEASE_SWAP_FAILS`).
 
 /// The value of failpoint `name` when it is armed (set and not empty).
 pub fn armed(name: &str) -> Option<String> {

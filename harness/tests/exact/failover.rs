@@ -88,7 +88,8 @@ impl Informer {
 /// the lease the link granted for `exact_lease_hold` is swapped for one with the source's TTL;
 /// an informer that had followed the source goes on from the target with no gap and no
 /// duplicate (the swap's re-put included), and its cache equals the target's keys; the target
-/// takes writes; an agent of the link restarted afterwards stops with `TargetPromoted`.
+/// takes writes; an agent of the link restarted afterwards stops with `TargetPromoted`. While
+/// the source is idle before, `confirmed_time` in status keeps moving.
 #[tokio::test]
 async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
     let mut source = cluster(EtcdVersion::V3_5_30).await;
@@ -106,6 +107,15 @@ async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
     informer.follow(&mut src, "/registry/", head).await.unwrap();
     let mut dst = target.client().await.unwrap();
     assert_exact(&agent, &mut src, &mut dst, "before the source is lost").await;
+    // The source idle: the agent's confirm read keeps `confirmed_time` in status moving (no
+    // watch progress comes for a watch ahead of the source's revision). Before, it stayed at
+    // the last revision landed, and the staleness alert fired on a quiet source.
+    let idle = std::time::SystemTime::now() + Duration::from_secs(1);
+    let after_idle = |s: &mirror_core::Status| {
+        let at = s.confirmed_time.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+        at.is_some_and(|at| at > idle)
+    };
+    agent.wait_for("confirmed while the source is idle", SYNC_TIMEOUT, after_idle).await.unwrap();
 
     source.node(0).kill().await.unwrap();
     agent.kill9().await.unwrap();
@@ -140,7 +150,10 @@ async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
 /// Failover when the link had seen source revisions it had not landed (R < Rs: the agent was
 /// catching up through a slow target when the source died): the target is compacted past Rs,
 /// so an informer that saw a revision the target lacks is refused ("compacted") and relists;
-/// the target takes writes.
+/// the target takes writes. The `confirmed_time` it prints is from before the source passed R
+/// (the source was at or below R then): before, each Txn of the catch-up stamped the time it
+/// was built, seconds after the source had gone past it, and the loss window looked smaller
+/// than it was.
 #[tokio::test]
 async fn after_failover_behind_what_clients_saw_they_relist() {
     let mut source = cluster(EtcdVersion::V3_5_30).await;
@@ -161,12 +174,18 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
     agent.kill9().await.unwrap();
     Churn::new("/registry/pods/", 100, 500, 30).spawn(src.clone()).await.unwrap().unwrap();
     let seen = Informer::list(&mut src, "/registry/").await;
+    let passed = std::time::SystemTime::now();
+    tokio::time::sleep(Duration::from_secs(2)).await; // the record's times are in whole seconds
     land_a_few_then_lose_the_source(&mut agent, &mut source, &mut dst, &proxies).await;
 
     let out = agent_command(&cfg, "failover", &[]).await.unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains(&format!("Rs = {}", seen.at)) && said.contains("compacted at"), "{said}");
+    let confirmed = said.split("confirmed_time  ").nth(1).and_then(|t| t.split(": ").next());
+    let confirmed = confirmed.expect("a confirmed_time");
+    let confirmed = humantime::parse_rfc3339_weak(confirmed).unwrap();
+    assert!(confirmed <= passed, "confirmed {confirmed:?}, after the source passed R at {passed:?}: {said}");
     let mut informer = seen;
     let refused = informer.follow(&mut dst, "/registry/", informer.at + 1).await;
     assert!(refused.as_ref().is_err_and(|e| e.starts_with("compacted")), "{refused:?}");
@@ -186,7 +205,11 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
 
 /// `cutover` of an exact link: once the writes stop, the agents land the source's last
 /// revision, the sides are verified equal there and the target is promoted; the agent stops
-/// with `TargetPromoted`, and a leased key's lease is swapped for the source's TTL.
+/// with `TargetPromoted`, and a leased key's lease is swapped for the source's TTL. The first
+/// run's lease swap fails (failpoint `LEASE_SWAP_FAILS`, as a target lost after the promote
+/// would): exit 6, and the run after it finds its own promote and finishes the swap. Before, it
+/// said "already promoted" and exited 0, the leased keys left for `exact_lease_hold` instead of
+/// the source's TTL.
 #[tokio::test]
 async fn cutover_of_an_exact_link_promotes_a_verified_target() {
     let source = cluster(EtcdVersion::V3_5_30).await;
@@ -201,14 +224,24 @@ async fn cutover_of_an_exact_link_promotes_a_verified_target() {
     Churn::new("/registry/pods/", 150, 300, 40).spawn(src.clone()).await.unwrap().unwrap();
     let drain = current_revision(&mut src).await.unwrap();
 
-    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    let refused = cfg.clone().env("MIRROR_FAILPOINT_LEASE_SWAP_FAILS", "the target lost");
+    let out = agent_command(&refused, "cutover", &["--wait"]).await.unwrap();
+    let (said, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{said}{err}");
     assert!(said.contains(&format!("source revision {drain} verified equal")), "{said}");
-    assert!(said.contains("1 swapped"), "{said}");
+    assert!(err.contains("run `mirror-agent cutover` again"), "{err}");
     let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
     assert_eq!(failed.last_error.map(|e| e.reason.as_str().to_owned()).as_deref(), Some("TargetPromoted"));
     let mut dst = target.client().await.unwrap();
+    let held = dst.get("/registry/leases/node-b", None).await.unwrap().kvs()[0].lease();
+    assert_ne!(dst.lease_time_to_live(held, None).await.unwrap().granted_ttl(), 40, "not swapped yet");
+
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("already promoted by a cutover"), "{said}");
+    assert!(said.contains(&format!("at source revision {drain}; finishing its steps")), "{said}");
+    assert!(said.contains("1 swapped"), "{said}");
     let kept = dst.get("/registry/leases/node-b", None).await.unwrap().kvs()[0].lease();
     assert_eq!(dst.lease_time_to_live(kept, None).await.unwrap().granted_ttl(), 40);
 }

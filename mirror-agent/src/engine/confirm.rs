@@ -16,7 +16,7 @@ type Heard = (i64, String);
 
 /// The newest source revision seen, when, and the confirm read in flight.
 #[derive(Debug, Default)]
-pub(super) struct Confirmer {
+pub(crate) struct Confirmer {
     /// The newest header revision the tail's watch (or a confirm read at or below the
     /// watermark) answered with, and when it arrived: a watermark at or above it was current
     /// then.
@@ -73,7 +73,7 @@ impl Confirmer {
     /// revision is the source's revision when it was served. The read runs on a task of its own
     /// (one at a time) so a source that does not answer never holds up the tail. Above the
     /// watermark, or in an initial sync, the watch's own replies and events confirm.
-    pub(super) fn start_read(
+    pub(crate) fn start_read(
         &mut self,
         watermark: i64,
         in_genesis: bool,
@@ -95,7 +95,7 @@ impl Confirmer {
     }
 
     /// The confirm read's answer, once it is in (never while none runs).
-    pub(super) async fn answer(&mut self) -> Option<Heard> {
+    pub(crate) async fn answer(&mut self) -> Option<Heard> {
         let answer = super::waits::join_some(&mut self.read).await;
         self.read = None;
         answer.ok().flatten()

@@ -111,7 +111,7 @@ use tokio_util::sync::CancellationToken;
 mod buffering;
 mod causes;
 mod commit;
-mod confirm;
+pub(crate) mod confirm;
 mod decide;
 mod error;
 mod genesis;

@@ -7,7 +7,8 @@
 //!
 //! Exit codes as compact mode's `cutover --wait`: 0 promoted with the source unchanged since
 //! the drain target, 1 not promoted (the sides differ), 3 nothing happened, 4 promoted but the
-//! source took writes after the drain target.
+//! source took writes after the drain target; and 6 promoted, but the lease swap after the
+//! promote failed: run again, it finds its own promote and finishes the swap.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,15 +30,7 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
     let t = config.sync.request_timeout.get();
     let source = connect_reachable(Side::Source, &config.source, &config.sync).await?;
     let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
-    let head = |client: &etcd_client::Client| {
-        let mut kv = client.kv_client();
-        async move {
-            let opts = GetOptions::new().with_count_only();
-            let resp = unary("read revision", Side::Source, t, kv.get(vec![0], Some(opts))).await?;
-            anyhow::Ok(resp.header().map_or(0, |h| h.revision()))
-        }
-    };
-    let drain = head(&source).await?;
+    let drain = head(config, &source).await?;
     eprintln!("cutover: draining to source revision {drain}: waiting for the link's agents to land it");
     loop {
         let mut kv = target.kv_client();
@@ -52,8 +45,7 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
             }
         };
         if record.role == mirror_fence::Role::Primary {
-            println!("already promoted: the target is primary (epoch {})", record.epoch);
-            return Ok(Exit::Done);
+            return resume(config, &source, &target, &record).await;
         }
         if record.watermark >= drain {
             break;
@@ -68,25 +60,75 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
         }
         return Ok(Exit::No);
     }
-    let me = format!("cutover/{}/{}", crate::engine::hostname(), std::process::id());
+    let me = format!("{CUTOVER}{}/{}", crate::engine::hostname(), std::process::id());
     let record = match promote(config, &target, &me).await? {
         Promoted::Now { record, .. } => record,
-        Promoted::Already(record) => {
-            println!("already promoted: the target is primary (epoch {})", record.epoch);
-            return Ok(Exit::Done);
-        }
+        Promoted::Already(record) => return resume(config, &source, &target, &record).await,
     };
-    let (swapped, reput) = swap_leases(config, &target).await?;
     println!("cutover of link {:?}: the target is primary (epoch {})", config.link_uid, record.epoch + 1);
     println!("  revisions       source revision {drain} verified equal ({} keys); target revision = source revision", found.equal);
+    finish(config, &source, &target, drain).await
+}
+
+/// Whose record a cutover's promote writes (`cutover/HOST/PID`): a second run that finds it
+/// finishes the steps after the promote.
+const CUTOVER: &str = "cutover/";
+
+/// The target is primary already: promoted by a cutover that stopped after its promote (the
+/// lease swap failed, the target was lost), whose steps this run finishes, or by another
+/// command, which leaves nothing to do.
+async fn resume(
+    config: &Config,
+    source: &etcd_client::Client,
+    target: &etcd_client::Client,
+    record: &Checkpoint,
+) -> anyhow::Result<Exit> {
+    if !record.agent_id.starts_with(CUTOVER) {
+        println!("already promoted: the target is primary (epoch {})", record.epoch);
+        return Ok(Exit::Done);
+    }
+    println!(
+        "cutover of link {:?}: already promoted by a cutover (epoch {}) at source revision {}; finishing its steps",
+        config.link_uid, record.epoch, record.watermark
+    );
+    finish(config, source, target, record.watermark).await
+}
+
+/// The steps after the promote, each of which may run again: the lease swap, then whether the
+/// source moved past the drain target.
+async fn finish(
+    config: &Config,
+    source: &etcd_client::Client,
+    target: &etcd_client::Client,
+    drain: i64,
+) -> anyhow::Result<Exit> {
+    let (swapped, reput) = match swap_leases(config, target).await {
+        Ok(done) => done,
+        Err(e) => {
+            eprintln!(
+                "mirror-agent cutover: the target is promoted, but the lease swap after the promote failed: {e:#}\n\
+                 run `mirror-agent cutover` again once the cause is fixed: it finishes the swap"
+            );
+            return Ok(Exit::PromotedIncomplete);
+        }
+    };
     println!(
         "  leases          {swapped} swapped for their source TTL ({reput} keys put again: new revisions)"
     );
-    let after = head(&source).await?;
+    let after = head(config, source).await?;
     if after > drain {
         println!("  the source took writes after the drain target ({drain} -> {after}): they are not in the target");
         return Ok(Exit::PromotedSourceMoved);
     }
     println!("next: point the clients at the target: {}", config.target.endpoints.join(","));
     Ok(Exit::Done)
+}
+
+/// The source's current revision.
+async fn head(config: &Config, source: &etcd_client::Client) -> anyhow::Result<i64> {
+    let opts = GetOptions::new().with_count_only();
+    let mut kv = source.kv_client();
+    let read = kv.get(vec![0], Some(opts));
+    let resp = unary("read revision", Side::Source, config.sync.request_timeout.get(), read).await?;
+    Ok(resp.header().map_or(0, |h| h.revision()))
 }

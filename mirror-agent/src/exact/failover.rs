@@ -211,6 +211,9 @@ pub(super) async fn promote(config: &Config, target: &Client, me: &str) -> anyho
 /// Swaps every lease the link granted (one with a TTL record) for one with the recorded
 /// source TTL; how many leases, and keys put again.
 pub(super) async fn swap_leases(config: &Config, target: &Client) -> anyhow::Result<(usize, usize)> {
+    if let Some(why) = mirror_core::failpoint::armed("LEASE_SWAP_FAILS") {
+        anyhow::bail!("failpoint LEASE_SWAP_FAILS: {why}");
+    }
     let t = config.sync.request_timeout.get();
     let prefix = lease_records(config);
     let (mut kv, mut lease) = (target.kv_client(), target.lease_client());

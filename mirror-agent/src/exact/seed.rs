@@ -23,6 +23,9 @@ pub(super) struct Placed {
     pub target_cluster: u64,
     /// The source's cluster ID.
     pub source_cluster: u64,
+    /// When the source was last known at or below the watermark (the record's
+    /// `confirmed_time`; empty for a fresh seed).
+    pub confirmed: String,
 }
 
 /// Reads the target's checkpoint and decides.
@@ -36,11 +39,12 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     let src = unary("source revision", Side::Source, t, skv.get(vec![0], Some(count_only()))).await?;
     let source_head = src.header().map_or(0, |h| h.revision());
     let source_cluster = src.header().map_or(0, |h| h.cluster_id());
-    let placed = |fence, watermark| Placed { fence, watermark, target_cluster, source_cluster };
+    let placed =
+        |fence, watermark, confirmed| Placed { fence, watermark, target_cluster, source_cluster, confirmed };
     let Some(kv) = resp.kvs().first() else {
         prove_restore(cfg, source, target, head, source_head, source_cluster).await?;
         info!(r0 = head, "the target is the source's snapshot at its revision: the replica starts there");
-        return Ok(placed(ExactFence::new(key, head), head));
+        return Ok(placed(ExactFence::new(key, head), head, String::new()));
     };
     let record = Checkpoint::decode(kv.value()).map_err(|e| {
         Stop::lost(Reason::CorruptCheckpoint, format!("the checkpoint record cannot be read: {e}"))
@@ -83,7 +87,7 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
         ));
     }
     info!(watermark = head, "resuming the exact replica from its checkpoint");
-    Ok(placed(ExactFence::from_stamp(key, stamp), head))
+    Ok(placed(ExactFence::from_stamp(key, stamp), head, record.confirmed_time))
 }
 
 /// Stops the link when the target's checkpoint says it was promoted (failover, cutover).

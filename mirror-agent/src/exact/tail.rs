@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ErrorClass, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
+    now_rfc3339, unary, Config, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
 };
-use mirror_fence::{Answer, Landing};
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -19,8 +18,11 @@ use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
 use super::seed::Placed;
 
+mod confirmed;
 mod fence;
+mod verdict;
 use super::{timeout, Stop};
+use crate::engine::confirm::Confirmer;
 use crate::reporter::Reporter;
 
 /// How often the tail looks at the leases due a keep-alive.
@@ -40,6 +42,14 @@ pub(super) struct Tail<'c> {
     me: String,
     /// The highest source revision the watch has shown (its responses' header revision).
     seen: i64,
+    /// The watch's header revisions and when they came: when the source was at or below a
+    /// revision (`confirmed_time`).
+    heard: confirmed::Heard,
+    /// The idle source's confirm read.
+    confirmer: Confirmer,
+    /// The latest `confirmed_time` of a revision landed: the source was at or below the
+    /// watermark then.
+    confirmed: String,
     /// The last source revision received (from the watch or the spool), landed or not.
     received: i64,
     /// The wait before Txns whose answer was lost are sent again.
@@ -63,6 +73,7 @@ impl<'c> Tail<'c> {
         me: String,
     ) -> Tail<'c> {
         let (seen, received) = (placed.watermark, placed.watermark);
+        let confirmed = placed.confirmed.clone();
         let sync = &cfg.sync;
         let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
@@ -75,6 +86,9 @@ impl<'c> Tail<'c> {
             compaction: Following::new(cfg),
             me,
             seen,
+            heard: Default::default(),
+            confirmer: Confirmer::default(),
+            confirmed,
             received,
             backoff,
             range,
@@ -120,12 +134,13 @@ impl<'c> Tail<'c> {
         let _members = crate::members::watch_members(self.cfg.clone(), reporter.clone());
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
+        let mut confirm = tokio::time::interval(self.cfg.sync.progress_interval.get());
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Err(Stop::Shutdown),
                 delivered = watch.next() => match delivered {
                     Ok(ExactDelivery::Revisions { revisions, header }) => {
-                        self.seen = self.seen.max(header);
+                        self.heard(header);
                         for rev in revisions {
                             self.received = rev.revision;
                             flight.waiting.push_back((rev, None));
@@ -133,8 +148,12 @@ impl<'c> Tail<'c> {
                         self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
                     }
                     Ok(ExactDelivery::Reply(header)) => {
-                        self.seen = self.seen.max(header);
-                        reporter.update(|s| s.source_revision = s.source_revision.max(header));
+                        self.heard(header);
+                        let confirmed = self.confirm();
+                        reporter.update(|s| {
+                            s.source_revision = s.source_revision.max(header);
+                            s.confirmed_time = confirmed.or(s.confirmed_time.take());
+                        });
                     }
                     Ok(ExactDelivery::Compacted(at)) => {
                         // The seed's spool may hold what the source compacted away.
@@ -180,6 +199,8 @@ impl<'c> Tail<'c> {
                     self.compaction.follow(at, self.placed.watermark, kv, t, reporter).await?;
                 }
                 _ = fence.tick() => self.check_fence("").await?,
+                _ = confirm.tick() => self.start_confirm_read(),
+                answer = self.confirmer.answer() => self.on_confirm_read(answer, reporter),
                 _ = self.spacer.pause(left_until(self.spaced)), if self.spaced.is_some() => {
                     self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
                 }
@@ -319,43 +340,6 @@ impl<'c> Tail<'c> {
         Ok(())
     }
 
-    /// One answer as a verdict, whether this agent's Txn was the one that landed, and whether
-    /// the answer was lost (a transient error: `Again`). A foreign write or a promoted target
-    /// stops the link.
-    fn verdict(
-        &self,
-        rev: &ExactRevision,
-        answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
-    ) -> Result<(Verdict, bool, bool), Stop> {
-        let revision = rev.revision;
-        let resp = match answer {
-            Ok(resp) => resp,
-            // The member that took it is unreachable (down, or the connection broke): sent again
-            // on this client, a share of the Txns would go to it again. The run ends; the next
-            // connects to the members that serve and goes on from the checkpoint (the fence
-            // tells whether this Txn landed). A member that answers (a timeout) is resent to.
-            Err(e) if e.is_unreachable() => return Err(e.into()),
-            // A revision lands whole or not at all: one the target cannot take as one Txn never
-            // will, whatever is retried.
-            Err(e) if e.fault.is_txn_too_big() => return Err(too_big(rev, &e)),
-            Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
-                return Ok((Verdict::Again, false, true));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        match self.placed.fence.judge(revision, &Answer::of(&resp)) {
-            Landing::Landed => Ok((Verdict::Landed, true, false)),
-            // Landed before (a lost answer), or another replica landed it and maybe more.
-            Landing::AlreadyLanded | Landing::Behind { .. } => Ok((Verdict::Landed, false, false)),
-            Landing::Overtaken => Ok((Verdict::Again, false, false)),
-            Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
-            Landing::Promoted => Err(Stop::lost(
-                Reason::TargetPromoted,
-                "the target was promoted (failover or cutover): this link writes it no more",
-            )),
-        }
-    }
-
     /// Revision `rev` is on the target (`here`: by this agent's Txn): the watermark moves, the
     /// leases its changes left are revoked unless a revision still to land needs them, and
     /// status says so.
@@ -378,13 +362,14 @@ impl<'c> Tail<'c> {
         // One status update per revision (each takes the status lock and refreshes the lag).
         let now = now_rfc3339();
         let role = replicas.role();
+        let confirmed = self.confirm();
         reporter.update(|s| {
             s.watermark = rev.revision;
             s.role = role;
             s.source_revision = s.source_revision.max(rev.revision);
             s.keys_applied_total += rev.changes.len() as u64;
-            s.last_progress_time = Some(now.clone());
-            s.confirmed_time = Some(now);
+            s.last_progress_time = Some(now);
+            s.confirmed_time = confirmed.or(s.confirmed_time.take());
             let e = s.exact.get_or_insert_with(Default::default);
             e.target_revision = rev.revision;
             if here {
@@ -408,29 +393,6 @@ impl<'c> Tail<'c> {
         }
         Ok(queued)
     }
-}
-
-/// Txn `rev` refused by the target as too large (`--max-request-bytes`) or of too many ops
-/// (`--max-txn-ops`). A revision etcd made itself (a lease running out, a range delete: one
-/// small request, or none) can be larger than any request the source took, so the message
-/// names the revision's size rather than pointing at the source's limits alone.
-fn too_big(rev: &ExactRevision, e: &mirror_core::EtcdError) -> Stop {
-    let bytes: usize = rev.changes.iter().map(mirror_core::Change::size).sum();
-    Stop::lost(
-        Reason::RevisionTooLarge,
-        format!(
-            "source revision {} ({} changes, about {} KiB of keys, values and ops) cannot land as one target Txn, \
-             which exact mode needs: the target refused it ({}). A revision etcd makes itself (a lease running out, \
-             a range delete) can be larger than any request the source took. Start the target with \
-             --max-request-bytes above that size (a Kubernetes replica: 32 MiB covers an event lease of about 300 000 \
-             keys) and --max-txn-ops at least sync.max_txn_ops (or lower sync.max_txn_ops to it), and restart the \
-             agent: it goes on from its checkpoint",
-            rev.revision,
-            rev.changes.len(),
-            bytes.div_ceil(1024),
-            e.said()
-        ),
-    )
 }
 
 /// The time from now until `at` (zero when past, or none).

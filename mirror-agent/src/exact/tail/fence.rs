@@ -1,7 +1,7 @@
 //! The tail's fence: each revision's Txn with the checkpoint record it puts, and the check
 //! between Txns that nothing but the link wrote the target.
 
-use mirror_core::{now_rfc3339, unary, ExactRevision, Reason, Side};
+use mirror_core::{unary, ExactRevision, Reason, Side};
 use mirror_fence::{Checkpoint, RevisionTxn, Role};
 
 use super::super::{timeout, Stop};
@@ -68,7 +68,7 @@ impl Tail<'_> {
             agent_id: self.me.clone(),
             commit: String::new(),
             range: self.range.clone(),
-            confirmed_time: now_rfc3339(),
+            confirmed_time: self.confirmed_at(revision),
             forced_resyncs: 0,
             scan_restarts: 0,
             initial_sync_completed: String::new(),

@@ -168,3 +168,36 @@ async fn snapshot_save_refused_the_snapshot_leaves_nothing_behind(#[case] versio
     let save = SnapshotSave::start_as(&cfg, source.root()).await.unwrap();
     assert_eq!(save.r0, current_revision(&mut src).await.unwrap(), "{}", save.printed);
 }
+
+/// `cutover` of an exact link under the same users (etcd 3.5.30, whose lease and compaction
+/// rules are the stricter): the drain, the comparison at the drain target, the promote and the
+/// lease swap all run under the source's read user and the target's readwrite user.
+#[tokio::test]
+async fn an_exact_cutover_under_least_privilege_users() {
+    let mut source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let reader = source.enable_auth("reader", all_keys(Permission::read)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    target.logs_in_as_root_of(&source);
+    seed(&source, &mut target, "seed").await.unwrap();
+    let replica = target.add_user("replica", all_keys(Permission::read_write)).await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr").overlay(&auth_toml(&reader, &replica));
+    let agent = AgentProcess::start(&cfg).await.unwrap();
+    let lease = src.lease_grant(40, None).await.unwrap().id();
+    src.put("/registry/leases/node-c", "up", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    let _kept = keep_alive(src.clone(), lease);
+    Churn::new("/registry/pods/", 100, 200, 20).spawn(src.clone()).await.unwrap().unwrap();
+    let drain = current_revision(&mut src).await.unwrap();
+
+    let out = agent_command(&cfg, "cutover", &["--wait"]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("source revision {drain} verified equal")), "{said}");
+    assert!(said.contains("1 swapped"), "{said}");
+    let failed = agent.wait_for("failed", SYNC_TIMEOUT, |s| s.phase == Phase::Failed).await.unwrap();
+    assert_eq!(failed.last_error.map(|e| e.reason), Some(Reason::TargetPromoted));
+    let mut dst = target.client().await.unwrap();
+    let swapped = dst.get("/registry/leases/node-c", None).await.unwrap().kvs()[0].lease();
+    assert_eq!(dst.lease_time_to_live(swapped, None).await.unwrap().granted_ttl(), 40);
+}

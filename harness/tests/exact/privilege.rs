@@ -6,7 +6,7 @@
 use etcd_client::{Permission, PutOptions};
 use harness::exact::{exact_config, refuses_read_at, seed, SnapshotSave};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
-use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdVersion};
+use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion};
 use mirror_core::{Auth, Phase, Reason};
 use rstest::rstest;
 
@@ -29,6 +29,28 @@ fn all_keys(p: fn(Vec<u8>) -> Permission) -> Vec<Permission> {
     vec![p(vec![0]).with_from_key()]
 }
 
+/// A source with auth on, 20 keys and its user `reader` (read on every key), and a target
+/// restored from its snapshot with the user `replica` (readwrite on every key) added there.
+struct Restored {
+    source: EtcdCluster,
+    target: EtcdCluster,
+    src: etcd_client::Client,
+    reader: Auth,
+    replica: Auth,
+}
+
+async fn restored_under_users(version: EtcdVersion) -> Restored {
+    let mut source = cluster(version).await;
+    let mut target = cluster(version).await;
+    let reader = source.enable_auth("reader", all_keys(Permission::read)).await.unwrap();
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
+    target.logs_in_as_root_of(&source);
+    seed(&source, &mut target, "seed").await.unwrap();
+    let replica = target.add_user("replica", all_keys(Permission::read_write)).await.unwrap();
+    Restored { source, target, src, reader, replica }
+}
+
 /// The tail, a lease the source keeps alive, the source's compaction and `verify` under those
 /// users; then a failover behind what clients saw (R < Rs), which compacts the target past Rs.
 /// On 3.4 the target user compacts: the target follows the source's compaction and the
@@ -45,14 +67,7 @@ fn all_keys(p: fn(Vec<u8>) -> Permission) -> Vec<Permission> {
 #[tokio::test]
 async fn an_exact_replica_under_least_privilege_users(#[case] version: EtcdVersion) {
     let root_compacts_only = version != EtcdVersion::V3_4_23;
-    let mut source = cluster(version).await;
-    let mut target = cluster(version).await;
-    let reader = source.enable_auth("reader", all_keys(Permission::read)).await.unwrap();
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
-    target.logs_in_as_root_of(&source);
-    seed(&source, &mut target, "seed").await.unwrap();
-    let replica = target.add_user("replica", all_keys(Permission::read_write)).await.unwrap();
+    let Restored { mut source, target, mut src, reader, replica } = restored_under_users(version).await;
     let proxies = target.proxies().await.unwrap();
     let mut cfg = exact_config(&source, &target, "k8s-dr").overlay(&auth_toml(&reader, &replica));
     cfg.target = proxies.endpoints();
@@ -174,14 +189,8 @@ async fn snapshot_save_refused_the_snapshot_leaves_nothing_behind(#[case] versio
 /// lease swap all run under the source's read user and the target's readwrite user.
 #[tokio::test]
 async fn an_exact_cutover_under_least_privilege_users() {
-    let mut source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let reader = source.enable_auth("reader", all_keys(Permission::read)).await.unwrap();
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
-    target.logs_in_as_root_of(&source);
-    seed(&source, &mut target, "seed").await.unwrap();
-    let replica = target.add_user("replica", all_keys(Permission::read_write)).await.unwrap();
+    let Restored { source, target, mut src, reader, replica } =
+        restored_under_users(EtcdVersion::V3_5_30).await;
     let cfg = exact_config(&source, &target, "k8s-dr").overlay(&auth_toml(&reader, &replica));
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let lease = src.lease_grant(40, None).await.unwrap().id();

@@ -78,10 +78,15 @@ pub struct Malformed {
 }
 
 impl ExactRevision {
+    /// Bytes its changes add to a Txn request, and about what the agent holds of it.
+    pub fn size(&self) -> usize {
+        self.changes.iter().map(Change::size).sum()
+    }
+
     /// The revision as bytes (the spool's record): the revision, then each change as a tag
     /// (0 put, 1 delete) and its fields, byte strings length-prefixed, integers big-endian.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.changes.iter().map(Change::size).sum::<usize>());
+        let mut out = Vec::with_capacity(16 + self.size());
         out.extend(self.revision.to_be_bytes());
         out.extend((self.changes.len() as u32).to_be_bytes());
         let bytes = |out: &mut Vec<u8>, b: &[u8]| {

@@ -6,6 +6,10 @@
 //! behind it is awaited too: the last one that landed proves every revision before it landed,
 //! and the rest go back to be sent again in order ([`landed_prefix`]). A second Txn is sent
 //! only while revisions wait, so an unloaded link sends one at a time.
+//!
+//! What the pipeline holds is counted ([`Flight::holds`]): the tail receives more (from the
+//! watch or the seed's spool) only while it is under `sync.watch_buffer_bytes` (G6), so a
+//! target that is down or slow leaves the rest in the source's history, not in the agent.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -55,6 +59,8 @@ pub(super) struct Flight {
     pub waiting: VecDeque<Entry>,
     /// Sent, not yet judged, in order.
     pub sent: VecDeque<Sent>,
+    /// Bytes of the revisions received and not yet landed ([`ExactRevision::size`]).
+    held: usize,
     answers: FuturesOrdered<BoxFuture<'static, Result<TxnResponse, EtcdError>>>,
 }
 
@@ -65,8 +71,30 @@ impl Flight {
             window: window.max(1),
             waiting: VecDeque::new(),
             sent: VecDeque::new(),
+            held: 0,
             answers: FuturesOrdered::new(),
         }
+    }
+
+    /// Queues revision `rev`, received, behind those waiting.
+    pub(super) fn receive(&mut self, rev: ExactRevision) {
+        self.held += rev.size();
+        self.waiting.push_back((rev, None));
+    }
+
+    /// Whether the revisions received and not yet landed hold `limit` bytes or more: then no
+    /// more is received until some land. One revision is received whatever its size.
+    pub(super) fn holds(&self, limit: usize) -> bool {
+        self.held >= limit
+    }
+
+    /// Revision `landed`, taken out of the pipeline, is on the target: it is no longer held.
+    /// Of the leases its changes left, those a put of a revision waiting or in flight names:
+    /// none of them may be revoked yet. Nothing is scanned for a revision that left no lease
+    /// (most do), so a backlog costs nothing per landing.
+    pub(super) fn landed(&mut self, landed: &ExactRevision) -> std::collections::BTreeSet<i64> {
+        self.held = self.held.saturating_sub(landed.size());
+        self.still_needed(landed)
     }
 
     /// Whether another Txn may be sent now: one waits, and the window has room (a second only
@@ -121,9 +149,8 @@ impl Flight {
     }
 
     /// Of the leases `landed`'s changes left, those a put of a revision waiting or in flight
-    /// names: none of them may be revoked yet. Nothing is scanned for a revision that left no
-    /// lease (most do), so a backlog costs nothing per landing.
-    pub(super) fn still_needed(&self, landed: &ExactRevision) -> std::collections::BTreeSet<i64> {
+    /// names ([`Flight::landed`]).
+    fn still_needed(&self, landed: &ExactRevision) -> std::collections::BTreeSet<i64> {
         let left: std::collections::BTreeSet<i64> =
             landed.changes.iter().map(mirror_core::Change::left_lease).filter(|l| *l != 0).collect();
         if left.is_empty() {
@@ -154,11 +181,41 @@ mod tests {
     #[test]
     fn a_lease_left_is_kept_while_a_waiting_revision_names_it() {
         let mut flight = Flight::new(1);
-        flight.waiting.push_back((ExactRevision { revision: 12, changes: vec![put("/b", 7, 0)] }, None));
+        flight.receive(ExactRevision { revision: 12, changes: vec![put("/b", 7, 0)] });
         let landed = ExactRevision { revision: 11, changes: vec![put("/a", 0, 7), put("/c", 0, 8)] };
         assert_eq!(flight.still_needed(&landed).into_iter().collect::<Vec<_>>(), [7]);
         let quiet = ExactRevision { revision: 11, changes: vec![put("/a", 7, 7)] };
         assert!(flight.still_needed(&quiet).is_empty());
+    }
+
+    /// What is held grows with each revision received and shrinks as each lands; one revision
+    /// larger than the limit is still received when nothing is held.
+    #[test]
+    fn what_is_held_is_counted_until_it_lands() {
+        let rev = |revision: i64, bytes: usize| ExactRevision {
+            revision,
+            changes: vec![Change::Put {
+                key: b"/k".to_vec(),
+                value: vec![0; bytes],
+                lease: 0,
+                version: 1,
+                create_revision: revision,
+                prev_lease: 0,
+            }],
+        };
+        let mut flight = Flight::new(2);
+        assert!(!flight.holds(1000), "nothing held: a revision of any size may come");
+        let (first, second) = (rev(11, 600), rev(12, 600));
+        flight.receive(first.clone());
+        assert!(!flight.holds(1000));
+        flight.receive(second.clone());
+        assert!(flight.holds(1000), "1 200 bytes and more held");
+        flight.waiting.pop_front();
+        flight.landed(&first);
+        assert!(!flight.holds(1000), "the first landed: {} bytes held", second.size());
+        flight.waiting.pop_front();
+        flight.landed(&second);
+        assert!(!flight.holds(1));
     }
 
     /// The last Txn that landed proves those before it landed, whatever their own answers

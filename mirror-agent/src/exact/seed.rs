@@ -101,40 +101,63 @@ pub(super) async fn not_promoted(cfg: &Config, target: &Client) -> Result<(), St
     }
 }
 
-/// The seed's spooled revisions after `received` (`sync.exact_seed`'s spool), as far as the
-/// spool goes without a gap; none without a seed. A gap after `received` is loss.
-pub(super) fn spooled_after(cfg: &Config, received: i64) -> Result<Vec<ExactRevision>, Stop> {
-    if cfg.sync.exact_seed.is_empty() {
-        return Ok(Vec::new());
-    }
-    let path = super::digest::spool_path(std::path::Path::new(&cfg.sync.exact_seed));
-    let spool_error =
-        |e: mirror_watch::SpoolError| Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display()));
-    let mut spool = SpoolReader::open(&path).map_err(spool_error)?;
-    let (mut spooled, mut last) = (Vec::new(), received);
-    while let Some(rev) = spool.read_next().map_err(spool_error)? {
-        let want = last + 1;
-        if rev.revision < want {
-            continue;
+/// The seed's spool (`sync.exact_seed`), read one revision at a time from the one after the
+/// last received, as the tail has room for them (G6: a spool of minutes of a busy source is
+/// never in memory at once). A gap is loss.
+pub(super) struct SpoolReplay {
+    path: std::path::PathBuf,
+    reader: SpoolReader,
+    /// The last revision read, or received before the replay started.
+    last: i64,
+    /// Revisions read.
+    pub read: u64,
+}
+
+impl SpoolReplay {
+    /// The spool, to be read after revision `received`; `None` without a seed.
+    pub(super) fn open(cfg: &Config, received: i64) -> Result<Option<SpoolReplay>, Stop> {
+        if cfg.sync.exact_seed.is_empty() {
+            return Ok(None);
         }
-        if rev.revision > want {
-            return Err(Stop::lost(
-                Reason::RevisionMissing,
-                format!(
-                    "the spool {} holds revision {} after {}, not {want}",
-                    path.display(),
-                    rev.revision,
-                    last
-                ),
-            ));
+        let path = super::digest::spool_path(std::path::Path::new(&cfg.sync.exact_seed));
+        let reader = SpoolReader::open(&path).map_err(|e| spool_error(&path, e))?;
+        Ok(Some(SpoolReplay { path, reader, last: received, read: 0 }))
+    }
+
+    /// The revision after the last one read; `None` where the spool ends (for now: `snapshot
+    /// save` may still be appending).
+    pub(super) fn next(&mut self) -> Result<Option<ExactRevision>, Stop> {
+        while let Some(rev) = self.reader.read_next().map_err(|e| spool_error(&self.path, e))? {
+            let want = self.last + 1;
+            if rev.revision < want {
+                continue;
+            }
+            if rev.revision > want {
+                return Err(Stop::lost(
+                    Reason::RevisionMissing,
+                    format!(
+                        "the spool {} holds revision {} after {}, not {want}",
+                        self.path.display(),
+                        rev.revision,
+                        self.last
+                    ),
+                ));
+            }
+            self.last = rev.revision;
+            self.read += 1;
+            return Ok(Some(rev));
         }
-        last = rev.revision;
-        spooled.push(rev);
+        Ok(None)
     }
-    if !spooled.is_empty() {
-        info!(queued = spooled.len(), to = last, "the seed's spool holds the revisions the source compacted");
+
+    /// The last revision read.
+    pub(super) fn last(&self) -> i64 {
+        self.last
     }
-    Ok(spooled)
+}
+
+fn spool_error(path: &std::path::Path, e: mirror_watch::SpoolError) -> Stop {
+    Stop::lost(Reason::ReseedRequired, format!("{}: {e}", path.display()))
 }
 
 /// The link stops: the target was promoted at `record`.

@@ -16,10 +16,11 @@ use super::compaction::{learn_compaction, Following, COMPACTION_CHECK};
 use super::flight::{landed_prefix, Flight, Verdict};
 use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
-use super::seed::Placed;
+use super::seed::{Placed, SpoolReplay};
 
 mod confirmed;
 mod fence;
+mod spool;
 mod verdict;
 use super::{timeout, Stop};
 use crate::engine::confirm::Confirmer;
@@ -62,6 +63,11 @@ pub(super) struct Tail<'c> {
     /// When the next Txn, built and waiting behind one in flight, may go: it is sent then, or
     /// at once should the one ahead be answered first (nothing left to overtake).
     spaced: Option<tokio::time::Instant>,
+    /// The seed's spool while it is replayed (the source compacted what the watch would have
+    /// brought); the watch is opened again after it.
+    replay: Option<SpoolReplay>,
+    /// Bytes of revisions received and not landed past which no more is received (G6).
+    hold: usize,
 }
 
 impl<'c> Tail<'c> {
@@ -94,6 +100,8 @@ impl<'c> Tail<'c> {
             range,
             spacer,
             spaced: None,
+            replay: None,
+            hold: usize::try_from(sync.watch_buffer_bytes.bytes()).unwrap_or(usize::MAX),
         }
     }
 
@@ -116,7 +124,8 @@ impl<'c> Tail<'c> {
         reporter: &Reporter,
         shutdown: &CancellationToken,
     ) -> Result<std::convert::Infallible, Stop> {
-        let mut watch = ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?;
+        // None while the seed's spool is replayed.
+        let mut watch = Some(ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?);
         let mut replicas =
             Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;
         reporter.update(|s| s.watermark = self.placed.watermark);
@@ -136,14 +145,19 @@ impl<'c> Tail<'c> {
         let mut fence = tokio::time::interval(FENCE_CHECK);
         let mut confirm = tokio::time::interval(self.cfg.sync.progress_interval.get());
         loop {
+            if watch.is_none() && self.replay.is_none() {
+                watch = Some(ExactWatch::open(&mut self.source, self.received + 1).await?);
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return Err(Stop::Shutdown),
-                delivered = watch.next() => match delivered {
+                // Read only while what waits to land is under the bound: past it the source's
+                // history holds the rest (a watch not read is etcd's slow watcher).
+                delivered = next_delivery(&mut watch), if !flight.holds(self.hold) => match delivered {
                     Ok(ExactDelivery::Revisions { revisions, header }) => {
                         self.heard(header);
                         for rev in revisions {
                             self.received = rev.revision;
-                            flight.waiting.push_back((rev, None));
+                            flight.receive(rev);
                         }
                         self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
                     }
@@ -158,7 +172,7 @@ impl<'c> Tail<'c> {
                     Ok(ExactDelivery::Compacted(at)) => {
                         // The seed's spool may hold what the source compacted away.
                         let from = self.received + 1;
-                        if self.replay_spool(&mut flight)? == 0 {
+                        if !self.replay_spool(&mut flight)? {
                             return Err(Stop::lost(
                                 Reason::ReseedRequired,
                                 format!(
@@ -168,8 +182,8 @@ impl<'c> Tail<'c> {
                                 ),
                             ));
                         }
+                        watch = None;
                         self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
-                        watch = ExactWatch::open(&mut self.source, self.received + 1).await?;
                     }
                     Err(ExactError::Missing { .. }) => {
                         let err = delivered.err().map(|e| e.to_string()).unwrap_or_default();
@@ -240,6 +254,7 @@ impl<'c> Tail<'c> {
         reporter: &Reporter,
     ) -> Result<(), Stop> {
         self.spaced = None;
+        self.read_spool(flight)?;
         while flight.room() {
             if replicas.active() {
                 // HA: one Txn at a time, each only when it is this replica's turn.
@@ -249,7 +264,7 @@ impl<'c> Tail<'c> {
                 let revision = flight.waiting.front().expect("room() checked").0.revision;
                 if replicas.turn(revision).await? == Turn::Landed {
                     let (rev, _) = flight.waiting.pop_front().expect("room() checked");
-                    let needed = flight.still_needed(&rev);
+                    let needed = flight.landed(&rev);
                     self.done(&rev, false, &needed, leases, replicas, reporter).await?;
                     continue;
                 }
@@ -314,7 +329,7 @@ impl<'c> Tail<'c> {
                 self.spacer.took(took);
             }
             self.backoff.reset();
-            let needed = flight.still_needed(&rev);
+            let needed = flight.landed(&rev);
             return self.done(&rev, here, &needed, leases, replicas, reporter).await;
         }
         let (mut verdicts, mut lost) = (vec![verdict], lost);
@@ -326,7 +341,7 @@ impl<'c> Tail<'c> {
         let landed = landed_prefix(&verdicts);
         for _ in 0..landed {
             let rev = flight.sent.pop_front().expect("counted").rev;
-            let needed = flight.still_needed(&rev);
+            let needed = flight.landed(&rev);
             self.done(&rev, false, &needed, leases, replicas, reporter).await?;
         }
         let again = flight.sent.len() as u64;
@@ -381,17 +396,13 @@ impl<'c> Tail<'c> {
         reporter.revisions_landed(1);
         Ok(())
     }
+}
 
-    /// Queues the seed's spooled revisions after the last one received
-    /// ([`super::seed::spooled_after`]); how many.
-    fn replay_spool(&mut self, flight: &mut Flight) -> Result<u64, Stop> {
-        let spooled = super::seed::spooled_after(self.cfg, self.received)?;
-        let queued = spooled.len() as u64;
-        for rev in spooled {
-            self.received = rev.revision;
-            flight.waiting.push_back((rev, None));
-        }
-        Ok(queued)
+/// The watch's next delivery (pending while there is no watch: the spool is replayed).
+async fn next_delivery(watch: &mut Option<ExactWatch>) -> Result<ExactDelivery, ExactError> {
+    match watch.as_mut() {
+        Some(watch) => watch.next().await,
+        None => std::future::pending().await,
     }
 }
 

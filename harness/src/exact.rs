@@ -164,6 +164,25 @@ fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// Runs `mirror-agent snapshot save FILE` for `config` (written to FILE.toml) to its end, as an
+/// operator whose command is refused: its exit code and what it printed to stderr.
+pub async fn snapshot_save_once(
+    config: &AgentConfig,
+    file: &std::path::Path,
+) -> anyhow::Result<(Option<i32>, String)> {
+    let cfg_path = std::path::PathBuf::from(format!("{}.toml", file.display()));
+    std::fs::write(&cfg_path, config.render())?;
+    let out = tokio::process::Command::new(crate::agent_binary())
+        .args(["snapshot", "save"])
+        .arg(file)
+        .arg("--config")
+        .arg(&cfg_path)
+        .output()
+        .await
+        .context("mirror-agent snapshot save")?;
+    Ok((out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
 /// A running `mirror-agent snapshot save FILE`: it saved the snapshot, printed R0, and spools
 /// until the link runs.
 pub struct SnapshotSave {

@@ -401,6 +401,34 @@ pub async fn unary<T>(
     }
 }
 
+/// Where a cluster stands, from the header of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// The cluster's current revision.
+    pub revision: i64,
+    /// Its cluster ID.
+    pub cluster_id: u64,
+}
+
+/// The cluster's current revision and ID, from the header of a count-only Get of `key` under
+/// `deadline` (`op` names it in an error). One key, never a range: a count of a whole range
+/// makes etcd walk every key of it in its index, under the lock every write needs.
+pub async fn read_head(
+    kv: &mut etcd_client::KvClient,
+    key: impl Into<Vec<u8>>,
+    op: &'static str,
+    side: Side,
+    deadline: Duration,
+) -> Result<Head, EtcdError> {
+    let opts = etcd_client::GetOptions::new().with_count_only();
+    let resp = unary(op, side, deadline, kv.get(key, Some(opts))).await?;
+    let header = resp.header();
+    Ok(Head {
+        revision: header.map_or(0, |h| h.revision()),
+        cluster_id: header.map_or(0, |h| h.cluster_id()),
+    })
+}
+
 /// One keep-alive of target lease `id` under a deadline: a stream opened for one request and
 /// its answer (etcd-client's supported API; it fails with "lease not found" on a TTL of 0).
 /// False when the target no longer knows the lease.

@@ -64,8 +64,8 @@ pub use config::{
     Reconcile, Revisions, Side as SideConfig, SyncSection, Tls, TrustProgressNotify, Violation,
 };
 pub use connect::{
-    connect, connect_probed, connect_reachable, connect_to, keep_alive_once, probe_members, unary,
-    MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
+    connect, connect_probed, connect_reachable, connect_to, keep_alive_once, probe_members, read_head, unary,
+    Head, MemberInfo, Probe, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, UNKNOWN_VERSION,
 };
 pub use error::{ErrorClass, EtcdError, Fault, Side};
 pub use keys::{

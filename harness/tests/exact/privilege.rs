@@ -4,7 +4,7 @@
 //! root role, which etcd 3.5 requires for a compaction and 3.4 does not.
 
 use etcd_client::{Permission, PutOptions};
-use harness::exact::{exact_config, refuses_read_at, seed, SnapshotSave};
+use harness::exact::{exact_config, refuses_read_at, seed, snapshot_save_once, SnapshotSave};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion};
 use mirror_core::{Auth, Phase, Reason};
@@ -162,23 +162,12 @@ async fn snapshot_save_refused_the_snapshot_leaves_nothing_behind(#[case] versio
     load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
     let cfg = exact_config(&source, &target, "k8s-dr").overlay(&auth_toml(&reader, &reader));
     let dir = tempfile::tempdir().unwrap();
-    let (cfg_path, file) = (dir.path().join("mirror.toml"), dir.path().join("seed.db"));
-    std::fs::write(&cfg_path, cfg.render()).unwrap();
-
-    let out = tokio::process::Command::new(harness::agent_binary())
-        .args(["snapshot", "save"])
-        .arg(&file)
-        .arg("--config")
-        .arg(&cfg_path)
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
+    let (code, said) = snapshot_save_once(&cfg, &dir.path().join("seed.db")).await.unwrap();
+    assert_eq!(code, Some(1), "{said}");
     assert!(said.to_lowercase().contains("permission denied"), "the refusal is named: {said}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     // Only the config: `read_dir` has no order, but one name has one.
-    assert_eq!(left, vec![std::ffi::OsString::from("mirror.toml")], "no partial file left");
+    assert_eq!(left, vec![std::ffi::OsString::from("seed.db.toml")], "no partial file left");
 
     let save = SnapshotSave::start_as(&cfg, source.root()).await.unwrap();
     assert_eq!(save.r0, current_revision(&mut src).await.unwrap(), "{}", save.printed);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use etcd_client::{PutOptions, Txn, TxnOp};
-use harness::exact::{exact_config, seed, SnapshotSave};
+use harness::exact::{exact_config, seed, snapshot_save_once, SnapshotSave};
 use harness::scenario::{caught_up, current_revision, SYNC_TIMEOUT};
 use harness::{load_keys, AgentProcess, ClusterSpec, EtcdCluster, EtcdVersion};
 use mirror_core::{ErrorClass, Phase};
@@ -86,21 +86,8 @@ async fn snapshot_save_refuses_a_compact_link_and_an_existing_file() {
     let source = cluster(EtcdVersion::V3_5_30).await;
     let target = cluster(EtcdVersion::V3_5_30).await;
     let dir = tempfile::tempdir().unwrap();
-    let save = |config: harness::AgentConfig, file: std::path::PathBuf| {
-        let cfg_path = dir.path().join(format!("{}.toml", config.link_uid));
-        std::fs::write(&cfg_path, config.render()).unwrap();
-        async move {
-            let out = tokio::process::Command::new(harness::agent_binary())
-                .args(["snapshot", "save"])
-                .arg(&file)
-                .arg("--config")
-                .arg(&cfg_path)
-                .output()
-                .await
-                .unwrap();
-            (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    };
+    let save =
+        |config, file: std::path::PathBuf| async move { snapshot_save_once(&config, &file).await.unwrap() };
     let compact = harness::scenario::fast_config(&source, &target, "compact", "/a/");
     let (code, said) = save(compact, dir.path().join("a.db")).await;
     assert_eq!(code, Some(2), "{said}");

@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use etcd_client::GetOptions;
 use etcd_client::{Client, KvClient};
-use mirror_core::{unary, Config, Side};
+use mirror_core::{read_head, Config, Side};
 use mirror_fence::{Applier, Checkpoint, FencedWriter, Role};
 use mirror_scan::count;
 use mirror_watch::{open_watch, Op, OpChunker, Watch};
@@ -200,15 +199,8 @@ impl Link<'_> {
     /// write needs: a second or more at millions of keys.)
     pub(super) async fn source_revision(&mut self) -> Result<i64, EngineError> {
         let range = self.engine.rewriter.source_range();
-        let opts = GetOptions::new().with_count_only();
-        let resp = unary(
-            "revision",
-            Side::Source,
-            self.timeout(),
-            self.source.kv_client().get(range.start, Some(opts)),
-        )
-        .await?;
-        Ok(resp.header().map_or(0, |h| h.revision()))
+        let (mut kv, t) = (self.source.kv_client(), self.timeout());
+        Ok(read_head(&mut kv, range.start, "revision", Side::Source, t).await?.revision)
     }
 
     /// Counts what the target still holds under each excluded prefix and lists it in status

@@ -13,8 +13,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use etcd_client::GetOptions;
-use mirror_core::{connect_reachable, unary, Config, Side};
+use mirror_core::{connect_reachable, read_head, unary, Config, Side};
 use mirror_fence::Checkpoint;
 
 use super::compare::compare_at;
@@ -126,9 +125,6 @@ async fn finish(
 
 /// The source's current revision.
 async fn head(config: &Config, source: &etcd_client::Client) -> anyhow::Result<i64> {
-    let opts = GetOptions::new().with_count_only();
-    let mut kv = source.kv_client();
-    let read = kv.get(vec![0], Some(opts));
-    let resp = unary("read revision", Side::Source, config.sync.request_timeout.get(), read).await?;
-    Ok(resp.header().map_or(0, |h| h.revision()))
+    let t = config.sync.request_timeout.get();
+    Ok(read_head(&mut source.kv_client(), vec![0], "read revision", Side::Source, t).await?.revision)
 }

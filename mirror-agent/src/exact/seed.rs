@@ -3,7 +3,7 @@
 //! its checkpoint, or refused when something else wrote it since).
 
 use etcd_client::{Client, GetOptions};
-use mirror_core::{unary, Config, ExactRevision, Fault, Reason, Side};
+use mirror_core::{read_head, unary, Config, ExactRevision, Fault, Reason, Side};
 use mirror_fence::{Checkpoint, ExactFence, Stamp};
 use mirror_watch::SpoolReader;
 use tracing::info;
@@ -36,9 +36,8 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     let resp = unary("read checkpoint", Side::Target, t, tkv.get(key.clone(), None)).await?;
     let head = resp.header().map_or(0, |h| h.revision());
     let target_cluster = resp.header().map_or(0, |h| h.cluster_id());
-    let src = unary("source revision", Side::Source, t, skv.get(vec![0], Some(count_only()))).await?;
-    let source_head = src.header().map_or(0, |h| h.revision());
-    let source_cluster = src.header().map_or(0, |h| h.cluster_id());
+    let src = read_head(&mut skv, vec![0], "source revision", Side::Source, t).await?;
+    let (source_head, source_cluster) = (src.revision, src.cluster_id);
     let placed =
         |fence, watermark, confirmed| Placed { fence, watermark, target_cluster, source_cluster, confirmed };
     let Some(kv) = resp.kvs().first() else {
@@ -171,10 +170,6 @@ pub(super) fn promoted(record: &Checkpoint) -> Stop {
     )
 }
 
-fn count_only() -> GetOptions {
-    GetOptions::new().with_count_only()
-}
-
 /// A target without the link's checkpoint must be the source's snapshot: its revision R0 is
 /// one the source has reached and not compacted, and every key agrees at R0 in value, create
 /// and mod revision, version and lease (reserved keys left out). Where the source compacted
@@ -230,7 +225,7 @@ async fn prove_restore(
 /// Whether the source still holds revision `r0` (a read there is not refused as compacted).
 async fn source_holds(cfg: &Config, source: &Client, r0: i64) -> Result<bool, Stop> {
     let mut kv = source.kv_client();
-    let read = kv.get(vec![0], Some(count_only().with_revision(r0)));
+    let read = kv.get(vec![0], Some(GetOptions::new().with_count_only().with_revision(r0)));
     match unary("source at R0", Side::Source, timeout(cfg), read).await {
         Ok(_) => Ok(true),
         Err(e) if e.fault == Fault::Compacted => Ok(false),

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
-use mirror_core::{connect_reachable, read_password, Auth, Config, EtcdError, Side};
+use etcd_client::Client;
+use mirror_core::{connect_reachable, read_head, read_password, Auth, Config, EtcdError, Head, Side};
 use mirror_watch::{ExactDelivery, ExactWatch, SpoolWriter};
 use tokio::io::AsyncWriteExt as _;
 use tokio_util::task::AbortOnDropHandle;
@@ -134,9 +134,9 @@ async fn seed(
             return Ok(None);
         }
     };
-    let head = source.get(vec![0], Some(GetOptions::new().with_count_only())).await?;
-    let h = head.header().map_or(0, |h| h.revision());
-    let cluster = head.header().map_or(0, |h| h.cluster_id());
+    let t = cfg.sync.request_timeout.get();
+    let Head { revision: h, cluster_id: cluster } =
+        read_head(&mut source.kv_client(), vec![0], "source revision", Side::Source, t).await?;
 
     // 1. The spool, from H + 1, before the snapshot starts.
     let watch = ExactWatch::open(&mut source, h + 1).await?;

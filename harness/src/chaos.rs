@@ -202,6 +202,7 @@ impl Schedule {
                     lease: None,
                     lease_every: None,
                     lease_ttl: None,
+                    keyspace: None,
                 });
                 self.step(&kinds::Del {
                     side: SideName::Source,
@@ -248,6 +249,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         lease: None,
         lease_every: None,
         lease_ttl: None,
+        keyspace: None,
     });
     s.step(&kinds::StartAgent { id: "a".into(), epoch: None, toml: None, reverse: false });
     s.step(&kinds::Wait {
@@ -285,6 +287,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
     let id = s.id();
     s.step(&kinds::Expect {
         equal: Some(true),
+        exact: None,
         phase: Some(mirror_core::Phase::Syncing),
         condition: None,
         forced_resyncs: None,

@@ -54,7 +54,7 @@ pub use etcd::{
     agent_client, docker_ready, tools_dir, wait_serving, Backend, ClusterSpec, EtcdCluster, EtcdVersion,
     Node, Proxies,
 };
-pub use load::{load_keys, load_leased_keys, Churn, ChurnReport};
+pub use load::{load_cycling, load_keys, load_leased_keys, Churn, ChurnReport};
 pub use ports::free_ports;
 pub use process::send as send_signal;
 pub use proxy::FaultProxy;

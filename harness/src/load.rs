@@ -27,6 +27,21 @@ pub async fn load_leased_keys(
     value_size: usize,
     lease: Option<(i64, usize)>,
 ) -> anyhow::Result<i64> {
+    load_cycling(client, prefix, n, value_size, lease, n).await
+}
+
+/// [`load_leased_keys`] with the keys cycling over `keyspace` distinct ones: put `i` writes key
+/// `i % keyspace`, the later puts overwriting (a Txn never names a key twice, which etcd
+/// refuses).
+pub async fn load_cycling(
+    client: &mut Client,
+    prefix: &str,
+    n: usize,
+    value_size: usize,
+    lease: Option<(i64, usize)>,
+    keyspace: usize,
+) -> anyhow::Result<i64> {
+    let keyspace = keyspace.max(1);
     if let Some((id, _)) = lease {
         let known = client.lease_time_to_live(id, None).await?.ttl() > 0;
         if !known {
@@ -39,12 +54,12 @@ pub async fn load_leased_keys(
     };
     // Up to 128 puts and about 1 MiB per Txn: etcd's defaults refuse more ops or bytes.
     const TXN_BYTES: usize = 1 << 20;
-    let per_txn = (TXN_BYTES / (value_size + 32).max(1)).clamp(1, 128);
+    let per_txn = (TXN_BYTES / (value_size + 32).max(1)).clamp(1, 128).min(keyspace);
     let mut rev = 0;
     let value = vec![b'v'; value_size];
     for start in (0..n).step_by(per_txn) {
         let ops: Vec<TxnOp> = (start..(start + per_txn).min(n))
-            .map(|i| TxnOp::put(format!("{prefix}key-{i:08}"), value.clone(), opts(i)))
+            .map(|i| TxnOp::put(format!("{prefix}key-{:08}", i % keyspace), value.clone(), opts(i)))
             .collect();
         let resp = client.txn(Txn::new().and_then(ops)).await?;
         rev = resp.header().map_or(rev, |h| h.revision());

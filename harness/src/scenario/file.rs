@@ -24,7 +24,14 @@
 //!   `peak_rss_bytes`), `max_lag_revisions` with `during`, `last_error` (a reason), and
 //!   `log_once` (texts each in exactly one line of the agent's log);
 //! - `snapshot` / `restore` (`side`, `name`) save a side and later put it back, as an operator
-//!   restoring a cluster from a snapshot would.
+//!   restoring a cluster from a snapshot would; `restore from = "source"` restores the target
+//!   from the source's snapshot (an exact replica's seed, SPEC §10).
+//! - exact mode (`[agent] toml` with `sync.revisions = "exact"`, `source.prefix = ""`):
+//!   `expect exact = true` and `wait until = "exact"`: the target's revision is the source's and
+//!   every key outside the reserved namespace agrees in value, create and mod revision, version
+//!   and lease;
+//! - `load keyspace = N`: the `keys` puts cycle over N distinct keys, the later overwriting (many
+//!   revisions of large values that both sides still read in one response);
 //! - `failover` (SPEC §8: `args`, `expect`) also takes `within` (the command's time) and
 //!   `max_confirmed_age` (the age of the `confirmed_time` it prints); `expect` also takes
 //!   `checkpoint_role` and `target_still_for` (the target's revision does not move for that long).

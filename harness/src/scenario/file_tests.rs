@@ -69,6 +69,7 @@ fn the_spec_example_parses() {
         lease: None,
         lease_every: None,
         lease_ttl: None,
+        keyspace: None,
     };
     assert_eq!(shown(s.steps[0].step.as_ref()), shown(&load));
     let compact = Compact { side: SideName::Source, revision: RevisionRef::Named("current".into()), keep: 0 };
@@ -128,6 +129,7 @@ fn steps_round_trip() {
             lease: Some(7),
             lease_every: Some(2),
             lease_ttl: None,
+            keyspace: Some(3),
         }),
         Box::new(Revoke { side: SideName::Source, lease: 7, target_revisions: None }),
         Box::new(Put {
@@ -143,7 +145,7 @@ fn steps_round_trip() {
         Box::new(KillMember { side: SideName::Target, member: MemberRef::leader() }),
         Box::new(Sleep { for_: HumanDuration(Duration::from_millis(1500)) }),
         Box::new(Snapshot { side: SideName::Source, name: "before".into() }),
-        Box::new(Restore { side: SideName::Target, name: "before".into() }),
+        Box::new(Restore { side: SideName::Target, name: "before".into(), from: Some(SideName::Source) }),
         Box::new(Delay { side: SideName::Source, ms: 200 }),
         Box::new(Compact {
             side: SideName::Source,
@@ -171,6 +173,7 @@ fn steps_round_trip() {
         }),
         Box::new(Expect {
             equal: Some(true),
+            exact: Some(true),
             phase: Some(Phase::Syncing),
             condition: Some(parse_condition("Available=True").unwrap()),
             forced_resyncs: None,
@@ -224,6 +227,8 @@ fn condition_with_reason() {
         ConditionIs { type_: ConditionType::Available, on: false, reason: None }
     );
     assert_eq!(parse_until("phase:drained").unwrap(), Until::Phase(Phase::Drained));
+    assert_eq!(parse_until("exact").unwrap(), Until::Exact);
+    assert_eq!(Until::Exact.to_string(), "exact");
     assert!(parse_until("phase:synced").is_err(), "a phase is parsed when the file is read");
     assert!(parse_condition("Fenced=Maybe/TargetPromoted").is_err());
     let typo = parse_condition("Availabel=True").unwrap_err().to_string();

@@ -13,14 +13,18 @@ use super::{agent_a, is_a, sixty, ConditionIs, Step, Until};
 use crate::scenario::world::World;
 use crate::{check_g3, G3};
 
-/// Checks every given fact; `equal`, `phase`, `condition` and `last_error` are retried until
-/// `timeout`.
+/// Checks every given fact; `equal`, `exact`, `phase`, `condition` and `last_error` are
+/// retried until `timeout`.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// Target == source (latest on both, through the key rewrite).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub equal: Option<bool>,
+    /// Extension: exact mode's target == source (`until = "exact"`: the same revision, every
+    /// key's value, create and mod revision, version and lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<bool>,
     /// The agent's phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
@@ -139,6 +143,9 @@ impl Step for Expect {
         eventually.extend(self.last_error.clone().map(Until::LastError));
         if self.equal == Some(true) {
             eventually.push(Until::Equal);
+        }
+        if self.exact == Some(true) {
+            eventually.push(Until::Exact);
         }
         let deadline = Instant::now() + self.timeout.get();
         for until in &eventually {

@@ -9,7 +9,7 @@ use mirror_watch::Written;
 
 use super::{is_false, is_source, is_true, source_side, value_100, yes, SideName, Sides, Step};
 use crate::scenario::world::World;
-use crate::{load_leased_keys, Churn as ChurnLoad};
+use crate::{load_cycling, Churn as ChurnLoad};
 
 /// `keys` keys of `value_size` bytes under `prefix`, 128 per Txn.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -37,6 +37,10 @@ pub struct Load {
     /// (default 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<i64>,
+    /// Extension: the `keys` puts cycle over this many distinct keys, the later overwriting
+    /// (default: every put a key of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyspace: Option<usize>,
 }
 
 #[async_trait::async_trait]
@@ -49,6 +53,7 @@ impl Step for Load {
         match (self.lease, self.lease_every) {
             (None, Some(_)) => bail!("load: lease_every needs a lease"),
             (_, Some(0)) => bail!("load: lease_every must be > 0"),
+            _ if self.keyspace == Some(0) => bail!("load: keyspace must be > 0"),
             _ => Ok(()),
         }
     }
@@ -70,7 +75,8 @@ impl Step for Load {
                 client.lease_grant(ttl, Some(etcd_client::LeaseGrantOptions::new().with_id(id))).await?;
             }
         }
-        let rev = load_leased_keys(client, &under, self.keys, self.value_size, lease).await?;
+        let keyspace = self.keyspace.unwrap_or(self.keys);
+        let rev = load_cycling(client, &under, self.keys, self.value_size, lease, keyspace).await?;
         Ok(format!("to revision {rev}"))
     }
 }

@@ -216,7 +216,8 @@ impl Step for Snapshot {
 
 /// Restores every member of a side from snapshot `name` (`etcdutl snapshot restore` with the
 /// same names, token and peer URLs: the same cluster id, back at the snapshot's revision) and
-/// starts them again.
+/// starts them again. With `from`, the snapshot is the other side's: the target restored from
+/// the source's, as an exact replica is seeded (SPEC §10).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Restore {
@@ -224,13 +225,22 @@ pub struct Restore {
     pub side: SideName,
     /// A snapshot saved by `snapshot`.
     pub name: String,
+    /// Extension: the side that saved it (default: `side` itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<SideName>,
 }
 
 #[async_trait::async_trait]
 #[typetag::serde(name = "restore")]
 impl Step for Restore {
     async fn run(&self, world: &mut World, _seed: u64) -> anyhow::Result<String> {
-        world.cluster(self.side).restore_snapshot(&self.name).await?;
+        match self.from.filter(|from| *from != self.side) {
+            Some(from) => {
+                let file = world.cluster(from).snapshot_file(&self.name)?;
+                world.cluster(self.side).restore_snapshot_file(&file).await?;
+            }
+            None => world.cluster(self.side).restore_snapshot(&self.name).await?,
+        }
         for i in world.stopped_members(self.side) {
             world.members.started(self.side, i);
         }

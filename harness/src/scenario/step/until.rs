@@ -21,6 +21,9 @@ pub enum Until {
     Condition(ConditionIs),
     /// Target == source.
     Equal,
+    /// Exact mode (SPEC §10): the target's revision is the source's and every key outside the
+    /// reserved namespace agrees in value, create and mod revision, version and lease.
+    Exact,
     /// Every background step has finished.
     Background,
     /// The agent's `last_error.reason` (`"last_error:REASON"`).
@@ -53,6 +56,7 @@ impl fmt::Display for Until {
             Until::Phase(p) => write!(f, "phase:{}", p.as_str()),
             Until::Condition(c) => write!(f, "condition:{c}"),
             Until::Equal => f.write_str("equal"),
+            Until::Exact => f.write_str("exact"),
             Until::Background => f.write_str("background"),
             Until::LastError(r) => write!(f, "last_error:{r}"),
             Until::CaughtUp => f.write_str("caught_up"),
@@ -82,10 +86,11 @@ pub fn parse_until(until: &str) -> anyhow::Result<Until> {
     }
     match until {
         "equal" => Ok(Until::Equal),
+        "exact" => Ok(Until::Exact),
         "background" => Ok(Until::Background),
         "caught_up" => Ok(Until::CaughtUp),
         other => bail!(
-            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"log:TEXT\", \"equal\", \"caught_up\" or \"background\")"
+            "until: {other:?} (\"phase:P\", \"condition:TYPE=True|False\", \"last_error:REASON\", \"log:TEXT\", \"equal\", \"exact\", \"caught_up\" or \"background\")"
         ),
     }
 }
@@ -184,6 +189,12 @@ impl World<'_> {
                 }))
             }
             Until::Equal => self.difference().await,
+            Until::Exact => {
+                let mut dst = self.target.client().await?;
+                let source = crate::exact::keyspace(&mut self.src).await?;
+                let target = crate::exact::keyspace(&mut dst).await?;
+                Ok(crate::exact::keyspace_difference(&source, &target))
+            }
             Until::Background => {
                 self.join_background().await?;
                 Ok(None)

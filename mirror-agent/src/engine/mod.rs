@@ -130,7 +130,7 @@ mod waits;
 pub use causes::{ReconnectCause, Restart, ResyncCause};
 pub use error::EngineError;
 
-use probe::tls_fingerprint;
+pub(crate) use probe::{tls_expiry, tls_fingerprint};
 pub use refusal::Refusal;
 
 /// Data-only scan Txns in flight at once.
@@ -157,8 +157,8 @@ const DRAIN_SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often an idle tail re-reads the fence.
 const FENCE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
-/// How often the tail looks at the TLS files for a rotation.
-const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the tail looks at the TLS files for a rotation (exact mode's too).
+pub(crate) const TLS_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 pub use mirror_core::StatusHandle;
 

@@ -168,7 +168,7 @@ pub(super) struct Warm {
 }
 
 /// Digests of both sides' TLS files; `None` without TLS.
-pub(super) fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
+pub(crate) fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
     let sides: Vec<[u8; 32]> = [&cfg.source, &cfg.target]
         .iter()
         .filter_map(|s| s.tls.as_ref())
@@ -178,7 +178,7 @@ pub(super) fn tls_fingerprint(cfg: &Config) -> Option<Vec<[u8; 32]>> {
 }
 
 /// The expiry of the side's CA bundle and client certificate, as loaded by this connect.
-pub(super) fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpiry> {
+pub(crate) fn tls_expiry(side: &mirror_core::SideConfig) -> Vec<mirror_core::tls::CertExpiry> {
     side.tls.as_ref().map(mirror_core::tls::expiry).unwrap_or_default()
 }
 

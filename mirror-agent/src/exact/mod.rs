@@ -27,6 +27,7 @@ use mirror_core::{
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::engine::ReconnectCause;
 use crate::reporter::Reporter;
 
 mod compaction;
@@ -56,6 +57,8 @@ pub(crate) enum Stop {
     },
     /// SIGTERM/SIGINT.
     Shutdown,
+    /// The run must connect afresh (its settings on disk changed): at once, no error.
+    Reconnect(ReconnectCause),
 }
 
 impl From<EtcdError> for Stop {
@@ -101,6 +104,10 @@ pub async fn run(
         };
         match ended {
             Stop::Shutdown => return,
+            Stop::Reconnect(why) => {
+                info!(%why, "reconnecting both sides with the current settings and files");
+                continue;
+            }
             Stop::Lost { reason, message } => {
                 error!(reason = reason.as_str(), "exact replica stopped: {message}");
                 reporter.update(|s| {
@@ -143,7 +150,9 @@ async fn run_once(
     // Each side through a probe of its members, connected to those that serve (a member that
     // is down would otherwise get a share of the requests; each one it fails ends the run, see
     // `Tail::verdict`), and the members down said in status (`MemberUnreachable`). The target
-    // first: a promoted one stops the link even with the source gone.
+    // first: a promoted one stops the link even with the source gone. The TLS files are
+    // digested first: a rotation from here on is seen by the tail.
+    let tls_files = crate::engine::tls_fingerprint(cfg);
     let (target_probe, target) = match connect_probed(Side::Target, &cfg.target, &cfg.sync).await {
         Ok(probed) => probed,
         Err(e) => return e.into(),
@@ -155,7 +164,12 @@ async fn run_once(
         Ok(probed) => probed,
         Err(e) => return e.into(),
     };
-    reporter.update(|s| crate::members::members_reachable(s, &source_probe, &target_probe));
+    reporter.update(|s| {
+        crate::members::members_reachable(s, &source_probe, &target_probe);
+        // What this connect loaded: the expiry gauge and its warning follow a rotation.
+        s.source.tls_cert_expiry = crate::engine::tls_expiry(&cfg.source);
+        s.target.tls_cert_expiry = crate::engine::tls_expiry(&cfg.target);
+    });
     // Every target lease is kept alive from the run's first second, through the proof of the
     // seed too (a restored target's master leases live 15 s; a proof of many keys takes longer).
     let hold = cfg.sync.exact_lease_hold.get();
@@ -183,7 +197,7 @@ async fn run_once(
     };
     backoff.reset();
     let me = reporter.read(|s| s.agent_id.clone());
-    tail::Tail::new(cfg, source, target, placed, me).run(leases, reporter, shutdown).await
+    tail::Tail::new(cfg, source, target, placed, me, tls_files).run(leases, reporter, shutdown).await
 }
 
 /// The deadline of one unary call.

@@ -24,6 +24,7 @@ mod spool;
 mod verdict;
 use super::{timeout, Stop};
 use crate::engine::confirm::Confirmer;
+use crate::engine::ReconnectCause;
 use crate::reporter::Reporter;
 
 /// How often the tail looks at the leases due a keep-alive.
@@ -68,6 +69,8 @@ pub(super) struct Tail<'c> {
     replay: Option<SpoolReplay>,
     /// Bytes of revisions received and not landed past which no more is received (G6).
     hold: usize,
+    /// The TLS files' digests as this run connected with them: a change reconnects.
+    tls_files: Option<Vec<[u8; 32]>>,
 }
 
 impl<'c> Tail<'c> {
@@ -77,6 +80,7 @@ impl<'c> Tail<'c> {
         target: Client,
         placed: Placed,
         me: String,
+        tls_files: Option<Vec<[u8; 32]>>,
     ) -> Tail<'c> {
         let (seen, received) = (placed.watermark, placed.watermark);
         let confirmed = placed.confirmed.clone();
@@ -102,6 +106,7 @@ impl<'c> Tail<'c> {
             spaced: None,
             replay: None,
             hold: usize::try_from(sync.watch_buffer_bytes.bytes()).unwrap_or(usize::MAX),
+            tls_files,
         }
     }
 
@@ -144,6 +149,7 @@ impl<'c> Tail<'c> {
         let mut compaction = tokio::time::interval(COMPACTION_CHECK);
         let mut fence = tokio::time::interval(FENCE_CHECK);
         let mut confirm = tokio::time::interval(self.cfg.sync.progress_interval.get());
+        let mut tls_check = tokio::time::interval(crate::engine::TLS_CHECK_INTERVAL);
         loop {
             if watch.is_none() && self.replay.is_none() {
                 watch = Some(ExactWatch::open(&mut self.source, self.received + 1).await?);
@@ -213,6 +219,13 @@ impl<'c> Tail<'c> {
                     self.compaction.follow(at, self.placed.watermark, kv, t, reporter).await?;
                 }
                 _ = fence.tick() => self.check_fence("").await?,
+                // Rotated files are used from the next connect on: make it now, as compact mode
+                // does (a Txn in flight landed or not; the next run's checkpoint tells which).
+                _ = tls_check.tick(), if self.tls_files.is_some() => {
+                    if crate::engine::tls_fingerprint(self.cfg) != self.tls_files {
+                        return Err(Stop::Reconnect(ReconnectCause::TlsFilesChanged));
+                    }
+                }
                 _ = confirm.tick() => self.start_confirm_read(),
                 answer = self.confirmer.answer() => self.on_confirm_read(answer, reporter),
                 _ = self.spacer.pause(left_until(self.spaced)), if self.spaced.is_some() => {

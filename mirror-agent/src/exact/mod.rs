@@ -22,7 +22,8 @@
 use std::time::Duration;
 
 use mirror_core::{
-    connect_probed, Config, ErrorClass, EtcdError, ExponentialBackoff, LastError, Phase, Reason, Side,
+    connect_probed, ConditionType, Config, ErrorClass, EtcdError, ExponentialBackoff, Fault, LastError,
+    Phase, Reason, Side,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -121,6 +122,15 @@ pub async fn run(
             Stop::Etcd(e) => {
                 let delay = backoff.next_delay();
                 warn!("exact link run ended, retrying in {delay:?}: {e}");
+                if e.side == Side::Target && e.fault == Fault::QuotaExceeded {
+                    // As compact mode raises it (and the alert on it pages): the run starts
+                    // again until the operator frees space; the next revision landed clears it.
+                    error!("target out of space; retrying until it takes writes again");
+                    let message = e.to_string();
+                    reporter.update(|s| {
+                        s.set_condition(ConditionType::TargetQuotaExhausted, true, Reason::NoSpace, message)
+                    });
+                }
                 reporter.update(|s| {
                     s.last_error = Some(LastError {
                         class: e.class(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Config, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
+    now_rfc3339, unary, ConditionType, Config, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
 };
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
@@ -404,6 +404,9 @@ impl<'c> Tail<'c> {
                 e.landed_here += 1;
             } else {
                 e.landed_elsewhere += 1;
+            }
+            if here && s.condition(ConditionType::TargetQuotaExhausted) {
+                s.set_condition(ConditionType::TargetQuotaExhausted, false, Reason::Recovered, "");
             }
         });
         reporter.revisions_landed(1);

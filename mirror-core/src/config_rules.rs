@@ -92,6 +92,18 @@ impl Config {
         if self.reconcile.delete_orphans {
             v.add("reconcile.delete_orphans", format!("must be false {WHY}: reconcile only reads"));
         }
+        if self.mode == Mode::Drain {
+            v.add(
+                "mode",
+                format!("must be left out {WHY}: `mirror-agent cutover` drains, compares and promotes an exact link"),
+            );
+        }
+        if self.sync.max_ops_per_second != 0 {
+            v.add(
+                "sync.max_ops_per_second",
+                format!("must be 0 {WHY}: every source revision lands as one Txn, as fast as the source took them"),
+            );
+        }
         if !(1..=16).contains(&self.sync.exact_txns_in_flight) {
             v.add("sync.exact_txns_in_flight", "must be 1-16");
         }

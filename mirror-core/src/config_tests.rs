@@ -347,12 +347,13 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
     assert_eq!(cfg.checkpoint_key(), b"\0etcd-mirror/k8s-dr/checkpoint");
 
     let bad = EXACT
+        .replace("link_uid = \"k8s-dr\"\n", "link_uid = \"k8s-dr\"\nmode = \"drain\"\n")
         .replace("[source]\n", "[source]\nprefix = \"/registry/\"\n")
         .replace("[target]\n", "[target]\nprefix = \"/registry/\"\n")
         .replace(
             "leases = \"preserve\"\n",
             "dest_prefix = \"x/\"\nexclude_prefixes = [\"a\"]\nexact_lease_hold = \"30s\"\ntxns_in_flight = 2\n\
-             exact_txn_spacing = \"20ms\"\n",
+             exact_txn_spacing = \"20ms\"\nmax_ops_per_second = 100\n",
         )
         + "[initial_sync]\nmode = \"overwrite\"\n[checkpoint]\nkey = \"\\u0000etcd-mirror/cp\"\n\
            [reconcile]\ndelete_orphans = true\n";
@@ -366,6 +367,7 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
         [
             "checkpoint.key",
             "initial_sync",
+            "mode",
             "reconcile.delete_orphans",
             "source.prefix",
             "sync.dest_prefix",
@@ -373,6 +375,7 @@ fn exact_mode_refuses_every_field_that_narrows_or_seeds_the_range() {
             "sync.exact_txn_spacing",
             "sync.exclude_prefixes",
             "sync.leases",
+            "sync.max_ops_per_second",
             "sync.txns_in_flight",
             "target.prefix",
         ]

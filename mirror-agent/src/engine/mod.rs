@@ -130,7 +130,7 @@ mod waits;
 pub use causes::{ReconnectCause, Restart, ResyncCause};
 pub use error::EngineError;
 
-pub(crate) use probe::{tls_expiry, tls_fingerprint};
+pub(crate) use probe::{reachability, tls_expiry, tls_fingerprint};
 pub use refusal::Refusal;
 
 /// Data-only scan Txns in flight at once.

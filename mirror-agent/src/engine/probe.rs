@@ -224,7 +224,7 @@ pub(super) fn side_status(side: Side, probe: &Probe) -> Result<(SideStatus, u64)
 
 /// Sets `SourceReachable`/`TargetReachable` from a probe, naming why it failed (wrong
 /// credentials read `AuthFailed`, so the side at fault is obvious).
-pub(super) fn reachability<T>(s: &mut Status, condition: ConditionType, probe: &Result<T, EtcdError>) {
+pub(crate) fn reachability<T>(s: &mut Status, condition: ConditionType, probe: &Result<T, EtcdError>) {
     match probe {
         Ok(_) => s.set_condition(condition, true, Reason::Probe, ""),
         Err(e) => s.set_condition(condition, false, e.fault.into(), e.to_string()),

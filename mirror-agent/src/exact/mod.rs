@@ -163,14 +163,20 @@ async fn run_once(
     // first: a promoted one stops the link even with the source gone. The TLS files are
     // digested first: a rotation from here on is seen by the tail.
     let tls_files = crate::engine::tls_fingerprint(cfg);
-    let (target_probe, target) = match connect_probed(Side::Target, &cfg.target, &cfg.sync).await {
+    // Each side's answer to its probe is `SourceReachable` / `TargetReachable`, as in compact
+    // mode: a source lost (the failover case) shows as such, not only in last_error.
+    let connected = connect_probed(Side::Target, &cfg.target, &cfg.sync).await;
+    reporter.update(|s| crate::engine::reachability(s, ConditionType::TargetReachable, &connected));
+    let (target_probe, target) = match connected {
         Ok(probed) => probed,
         Err(e) => return e.into(),
     };
     if let Err(stop) = seed::not_promoted(cfg, &target).await {
         return stop;
     }
-    let (source_probe, source) = match connect_probed(Side::Source, &cfg.source, &cfg.sync).await {
+    let connected = connect_probed(Side::Source, &cfg.source, &cfg.sync).await;
+    reporter.update(|s| crate::engine::reachability(s, ConditionType::SourceReachable, &connected));
+    let (source_probe, source) = match connected {
         Ok(probed) => probed,
         Err(e) => return e.into(),
     };

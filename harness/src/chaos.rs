@@ -302,6 +302,7 @@ pub fn schedule(seed: u64, duration: Duration, faults: &[Fault]) -> String {
         max_scan_restarts: None,
         max_peak_rss_mib: None,
         max_lag_revisions: None,
+        min_watch_restarts: None,
         max_watch_restarts: None,
         during: None,
         checkpoint_role: None,

@@ -120,6 +120,8 @@ reasons! {
         ForeignWrite: "exact mode: something other than the link wrote the target, or a target lease ran out",
         ReseedRequired: "exact mode: the target is not a restore of this source at a revision the source still holds",
         RevisionMissing: "exact mode: a source revision never arrived on the watch of the whole keyspace",
+        KeysEqual: "exact mode: the last periodic pass found every key equal on both sides at one revision",
+        KeysDiffer: "exact mode: the last periodic pass found keys that differ at one revision",
     }
     "refusal": {
         EmptyTargetViolation: "`require_empty` met keys in the destination range",

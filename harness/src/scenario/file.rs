@@ -20,7 +20,8 @@
 //!   exactly N target revisions (1: atomically);
 //! - `check_perf` runs `etcdctl check perf` (`load`, `prefix`) against the source;
 //! - `expect` also takes `target_has` / `target_lacks` (keys that must or must not be in the
-//!   target), `min_scan_restarts` / `max_scan_restarts`, `max_peak_rss_mib` (the agent's own
+//!   target), `min_scan_restarts` / `max_scan_restarts`, `min_watch_restarts` /
+//!   `max_watch_restarts` (the agent's `watch_restarts`), `max_peak_rss_mib` (the agent's own
 //!   `peak_rss_bytes`), `max_lag_revisions` with `during`, `last_error` (a reason), and
 //!   `log_once` (texts each in exactly one line of the agent's log);
 //! - `snapshot` / `restore` (`side`, `name`) save a side and later put it back, as an operator

@@ -188,6 +188,7 @@ fn steps_round_trip() {
             max_scan_restarts: Some(3),
             max_peak_rss_mib: Some(96),
             max_lag_revisions: Some(100),
+            min_watch_restarts: Some(0),
             max_watch_restarts: Some(0),
             during: Some(HumanDuration(Duration::from_secs(2))),
             checkpoint_role: Some(mirror_fence::Role::Primary),

@@ -7,8 +7,10 @@
 //! This file holds the main scenario, the foreign write and the chain; `refusals` the targets
 //! and commands that are refused, `failover` what clients see after a failover or cutover,
 //! `flight` the Txns in flight, large revisions, leases and the pause, `memory` the agent's
-//! memory with a frozen target and a large spool (G6), `privilege` users without the root role.
+//! memory with a frozen target and a large spool (G6), `privilege` users without the root role,
+//! `audit` the periodic read-only comparison.
 
+mod audit;
 mod failover;
 mod flight;
 mod memory;

@@ -1,6 +1,7 @@
 //! Both sides of an exact replica at one revision, key by key: every key outside the reserved
 //! namespace must agree in value, create and mod revision, version and lease. The seed's proof
-//! stops at the first difference; `verify` counts them all and shows the first few.
+//! stops at the first difference; `verify` and the tail's periodic pass count them all and
+//! show the first few.
 
 use etcd_client::{Client, KeyValue};
 use mirror_core::{redact_key, Config, EtcdError, KeyRange, PagerOptions, Side, RESERVED_MARKER};
@@ -13,6 +14,12 @@ pub(crate) struct Comparison {
     pub equal: u64,
     /// Keys that differ, or are on one side only.
     pub differences: u64,
+    /// Of those, keys only the source has.
+    pub missing: u64,
+    /// Keys on both sides that differ.
+    pub divergent: u64,
+    /// Keys only the target has.
+    pub orphan: u64,
     /// The first differences, in words, keys redacted.
     pub shown: Vec<String>,
 }
@@ -43,14 +50,19 @@ pub(crate) async fn compare_at(
     loop {
         let (what, advance_a, advance_b) = match (&a, &b) {
             (None, None) => break,
-            (Some(x), Some(y)) if x.key() == y.key() => (differs(x, y), true, true),
-            (Some(x), Some(y)) if x.key() < y.key() => (Some(only(x, "source")), true, false),
-            (Some(x), None) => (Some(only(x, "source")), true, false),
-            (_, Some(y)) => (Some(only(y, "target")), false, true),
+            (Some(x), Some(y)) if x.key() == y.key() => {
+                (differs(x, y).map(|w| (w, &mut found.divergent)), true, true)
+            }
+            (Some(x), Some(y)) if x.key() < y.key() => {
+                (Some((only(x, "source"), &mut found.missing)), true, false)
+            }
+            (Some(x), None) => (Some((only(x, "source"), &mut found.missing)), true, false),
+            (_, Some(y)) => (Some((only(y, "target"), &mut found.orphan)), false, true),
         };
         match what {
             None => found.equal += 1,
-            Some(what) => {
+            Some((what, kind)) => {
+                *kind += 1;
                 found.differences += 1;
                 if found.shown.len() < show {
                     found.shown.push(what);

@@ -22,8 +22,8 @@
 use std::time::Duration;
 
 use mirror_core::{
-    connect_probed, ConditionType, Config, ErrorClass, EtcdError, ExponentialBackoff, Fault, LastError,
-    Phase, Reason, Side,
+    connect_probed, now_rfc3339, ConditionType, Config, ErrorClass, EtcdError, ExponentialBackoff, Fault,
+    LastError, Phase, Reason, Side,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -84,6 +84,10 @@ pub async fn run(
 ) {
     let sync = &cfg.sync;
     let mut backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
+    // Whether this process ever opened a source watch: later ones count as `watch_restarts`,
+    // as in compact mode (a watch that keeps ending restarts the run each time, which
+    // `EtcdMirrorWatchFlapping` is there to page on).
+    let mut watch_opened = false;
     loop {
         reporter.set_phase(Phase::Connecting, Reason::Connecting);
         let ended = tokio::select! {
@@ -93,7 +97,7 @@ pub async fn run(
                 info!(paused = cfg.paused, "config reloaded: the exact link starts its run again from the checkpoint");
                 continue;
             }
-            ended = run_once(&cfg, &reporter, &shutdown, &mut backoff) => ended,
+            ended = run_once(&cfg, &reporter, &shutdown, &mut backoff, &mut watch_opened) => ended,
         };
         // A permanent etcd error (a refused request, wrong credentials) parks the link as in
         // compact mode: retried, it would only be refused again, a run restart every backoff.
@@ -156,6 +160,7 @@ async fn run_once(
     reporter: &Reporter,
     shutdown: &CancellationToken,
     backoff: &mut ExponentialBackoff,
+    watch_opened: &mut bool,
 ) -> Stop {
     // Each side through a probe of its members, connected to those that serve (a member that
     // is down would otherwise get a share of the requests; each one it fails ends the run, see
@@ -212,8 +217,25 @@ async fn run_once(
         Err(stop) => return stop,
     };
     backoff.reset();
+    // The target is the source at the watermark (proven, or kept so by the fence since): what
+    // `InitialSyncComplete` says in compact mode, and what the runbook tells operators to wait
+    // for before failing over (and the alerts on a stale confirmation are gated on).
+    let (reason, said) = if placed.resumed {
+        (Reason::Resumed, format!("resumed at revision {} from the checkpoint", placed.watermark))
+    } else {
+        (
+            Reason::Complete,
+            format!("the target is the source's snapshot at revision {}, proven", placed.watermark),
+        )
+    };
+    reporter.update(|s| {
+        s.initial_sync.completed.get_or_insert_with(now_rfc3339);
+        s.set_condition(ConditionType::InitialSyncComplete, true, reason, said);
+    });
     let me = reporter.read(|s| s.agent_id.clone());
-    tail::Tail::new(cfg, source, target, placed, me, tls_files).run(leases, reporter, shutdown).await
+    tail::Tail::new(cfg, source, target, placed, me, tls_files, watch_opened)
+        .run(leases, reporter, shutdown)
+        .await
 }
 
 /// The deadline of one unary call.

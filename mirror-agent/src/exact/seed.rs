@@ -26,6 +26,8 @@ pub(super) struct Placed {
     /// When the source was last known at or below the watermark (the record's
     /// `confirmed_time`; empty for a fresh seed).
     pub confirmed: String,
+    /// Resumed from the link's checkpoint (else a fresh restore, proven).
+    pub resumed: bool,
 }
 
 /// Reads the target's checkpoint and decides.
@@ -38,12 +40,18 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
     let target_cluster = resp.header().map_or(0, |h| h.cluster_id());
     let src = read_head(&mut skv, vec![0], "source revision", Side::Source, t).await?;
     let (source_head, source_cluster) = (src.revision, src.cluster_id);
-    let placed =
-        |fence, watermark, confirmed| Placed { fence, watermark, target_cluster, source_cluster, confirmed };
+    let placed = |fence, watermark, confirmed, resumed| Placed {
+        fence,
+        watermark,
+        target_cluster,
+        source_cluster,
+        confirmed,
+        resumed,
+    };
     let Some(kv) = resp.kvs().first() else {
         prove_restore(cfg, source, target, head, source_head, source_cluster).await?;
         info!(r0 = head, "the target is the source's snapshot at its revision: the replica starts there");
-        return Ok(placed(ExactFence::new(key, head), head, String::new()));
+        return Ok(placed(ExactFence::new(key, head), head, String::new(), false));
     };
     let record = Checkpoint::decode(kv.value()).map_err(|e| {
         Stop::lost(Reason::CorruptCheckpoint, format!("the checkpoint record cannot be read: {e}"))
@@ -86,7 +94,7 @@ pub(super) async fn place(cfg: &Config, source: &Client, target: &Client) -> Res
         ));
     }
     info!(watermark = head, "resuming the exact replica from its checkpoint");
-    Ok(placed(ExactFence::from_stamp(key, stamp), head, record.confirmed_time))
+    Ok(placed(ExactFence::from_stamp(key, stamp), head, record.confirmed_time, true))
 }
 
 /// Stops the link when the target's checkpoint says it was promoted (failover, cutover).

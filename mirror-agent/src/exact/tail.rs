@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, ConditionType, Config, ExactRevision, ExponentialBackoff, Phase, Reason, Side, Spacer,
+    now_rfc3339, unary, Action, AgentRole, ConditionType, Config, ErrorClass, EtcdError, ExactRevision,
+    LastError, Phase, Reason, RetryPolicy, Side, Spacer,
 };
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ use super::leases::TargetLeases;
 use super::replica::{Replicas, Turn};
 use super::seed::{Placed, SpoolReplay};
 
+mod audit;
 mod confirmed;
 mod fence;
 mod spool;
@@ -54,8 +56,12 @@ pub(super) struct Tail<'c> {
     confirmed: String,
     /// The last source revision received (from the watch or the spool), landed or not.
     received: i64,
-    /// The wait before Txns whose answer was lost are sent again.
-    backoff: ExponentialBackoff,
+    /// The wait before Txns whose answer was lost are sent again: `sync.backoff`, steeper
+    /// after "too many requests" (as compact mode's writes wait).
+    retry: RetryPolicy,
+    /// `last_error` (and maybe `TargetThrottled`) says a lost answer: the next revision this
+    /// agent lands clears them.
+    answer_lost: bool,
     /// The range fingerprint every record carries (computed once).
     range: String,
     /// Keeps a Txn sent behind another from reaching etcd together with it, and spreads the
@@ -71,6 +77,8 @@ pub(super) struct Tail<'c> {
     hold: usize,
     /// The TLS files' digests as this run connected with them: a change reconnects.
     tls_files: Option<Vec<[u8; 32]>>,
+    /// Whether this process ever opened a source watch (later ones count as `watch_restarts`).
+    watch_opened: &'c mut bool,
 }
 
 impl<'c> Tail<'c> {
@@ -81,11 +89,11 @@ impl<'c> Tail<'c> {
         placed: Placed,
         me: String,
         tls_files: Option<Vec<[u8; 32]>>,
+        watch_opened: &'c mut bool,
     ) -> Tail<'c> {
         let (seen, received) = (placed.watermark, placed.watermark);
         let confirmed = placed.confirmed.clone();
         let sync = &cfg.sync;
-        let backoff = ExponentialBackoff::new(sync.backoff.initial.get(), sync.backoff.max.get(), 2);
         let range = cfg.rewriter().range_fingerprint();
         let spacer = Spacer::paced(sync.exact_txn_spacing.get(), sync.exact_txns_in_flight as usize);
         Tail {
@@ -100,13 +108,15 @@ impl<'c> Tail<'c> {
             confirmer: Confirmer::default(),
             confirmed,
             received,
-            backoff,
+            retry: RetryPolicy::new(sync),
+            answer_lost: false,
             range,
             spacer,
             spaced: None,
             replay: None,
             hold: usize::try_from(sync.watch_buffer_bytes.bytes()).unwrap_or(usize::MAX),
             tls_files,
+            watch_opened,
         }
     }
 
@@ -130,7 +140,7 @@ impl<'c> Tail<'c> {
         shutdown: &CancellationToken,
     ) -> Result<std::convert::Infallible, Stop> {
         // None while the seed's spool is replayed.
-        let mut watch = Some(ExactWatch::open(&mut self.source, self.placed.watermark + 1).await?);
+        let mut watch = Some(self.open_watch(self.placed.watermark + 1, reporter).await?);
         let mut replicas =
             Replicas::open(self.cfg, &self.target, self.me.clone(), self.placed.watermark).await?;
         reporter.update(|s| s.watermark = self.placed.watermark);
@@ -150,9 +160,10 @@ impl<'c> Tail<'c> {
         let mut fence = tokio::time::interval(FENCE_CHECK);
         let mut confirm = tokio::time::interval(self.cfg.sync.progress_interval.get());
         let mut tls_check = tokio::time::interval(crate::engine::TLS_CHECK_INTERVAL);
+        let mut audit = reporter.read(|s| audit::Audit::new(self.cfg, s));
         loop {
             if watch.is_none() && self.replay.is_none() {
-                watch = Some(ExactWatch::open(&mut self.source, self.received + 1).await?);
+                watch = Some(self.open_watch(self.received + 1, reporter).await?);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Err(Stop::Shutdown),
@@ -227,6 +238,12 @@ impl<'c> Tail<'c> {
                     }
                 }
                 _ = confirm.tick() => self.start_confirm_read(),
+                event = audit.next(), if audit.on() => match event {
+                    // Read by the replica that lands revisions (a standby's would read twice).
+                    audit::Event::Due if replicas.role() == AgentRole::Standby => audit.skip(),
+                    audit::Event::Due => audit.start(self.cfg, &self.source, &self.target, self.placed.watermark),
+                    audit::Event::Finished(pass) => reporter.update(|s| audit::report(pass, s)),
+                },
                 answer = self.confirmer.answer() => self.on_confirm_read(answer, reporter),
                 _ = self.spacer.pause(left_until(self.spaced)), if self.spaced.is_some() => {
                     self.send_more(&mut flight, &mut leases, &mut replicas, reporter).await?;
@@ -237,6 +254,16 @@ impl<'c> Tail<'c> {
                 }
             }
         }
+    }
+
+    /// The source's watch from revision `from`; each after the process's first counts as a
+    /// restart (`watch_restarts`).
+    async fn open_watch(&mut self, from: i64, reporter: &Reporter) -> Result<ExactWatch, Stop> {
+        let watch = ExactWatch::open(&mut self.source, from).await?;
+        if std::mem::replace(self.watch_opened, true) {
+            reporter.update(|s| s.watch_restarts += 1);
+        }
+        Ok(watch)
     }
 
     /// Status of the target leases and the seed's spool.
@@ -320,8 +347,8 @@ impl<'c> Tail<'c> {
     ) -> Result<(), Stop> {
         let oldest = flight.sent.front().expect("in flight");
         let (first, after_landed) = (oldest.rev.revision, oldest.after_landed);
-        let (verdict, here, lost) = self.verdict(&oldest.rev, answer)?;
-        if verdict == Verdict::Again && !lost && after_landed {
+        let judged = self.verdict(&oldest.rev, answer)?;
+        if judged.verdict == Verdict::Again && judged.lost.is_none() && after_landed {
             // Its predecessor had landed before it was sent, yet it found the checkpoint behind
             // it: the checkpoint went back (deleted, or put again) under another writer.
             return Err(Stop::lost(
@@ -333,23 +360,28 @@ impl<'c> Tail<'c> {
                 ),
             ));
         }
-        if verdict == Verdict::Landed {
+        if judged.verdict == Verdict::Landed {
             let sent = flight.sent.pop_front().expect("checked");
             let rev = sent.rev;
-            if here {
+            if judged.here {
                 let took = sent.at.elapsed();
                 reporter.txn_landed(rev.changes.len(), took);
                 self.spacer.took(took);
             }
-            self.backoff.reset();
+            self.retry.on_success();
             let needed = flight.landed(&rev);
-            return self.done(&rev, here, &needed, leases, replicas, reporter).await;
+            return self.done(&rev, judged.here, &needed, leases, replicas, reporter).await;
         }
-        let (mut verdicts, mut lost) = (vec![verdict], lost);
+        let (mut verdicts, mut lost) = (vec![judged.verdict], judged.lost);
         for (i, answer) in flight.drain().await.into_iter().enumerate() {
-            let (verdict, _, lost_too) = self.verdict(&flight.sent[i + 1].rev, answer)?;
-            verdicts.push(verdict);
-            lost |= lost_too;
+            let judged = self.verdict(&flight.sent[i + 1].rev, answer)?;
+            verdicts.push(judged.verdict);
+            // "Too many requests" rules the wait (the steeper curve) whichever Txn heard it.
+            match (&lost, judged.lost) {
+                (Some(e), _) if e.class() == ErrorClass::Throttle => {}
+                (_, Some(e)) => lost = Some(e),
+                _ => {}
+            }
         }
         let landed = landed_prefix(&verdicts);
         for _ in 0..landed {
@@ -360,12 +392,30 @@ impl<'c> Tail<'c> {
         let again = flight.sent.len() as u64;
         exact_status(reporter, |e| e.resent += again);
         flight.resend_from(0);
-        if lost {
-            let delay = self.backoff.next_delay();
-            warn!(revision = first, "an exact Txn's answer was lost; sending again from it in {delay:?}");
+        if let Some(e) = lost {
+            let delay = self.answer_lost(&e, reporter);
+            warn!(
+                revision = first,
+                "an exact Txn's answer was lost ({e}); sending again from it in {delay:?}"
+            );
             tokio::time::sleep(delay).await;
         }
         Ok(())
+    }
+
+    /// The wait before the Txns whose answer `e` lost are sent again, and status says why
+    /// meanwhile: `last_error`, and `TargetThrottled` when the target answered "too many
+    /// requests" (its applied index trails its committed one), as in compact mode.
+    fn answer_lost(&mut self, e: &EtcdError, reporter: &Reporter) -> Duration {
+        let class = e.class();
+        let delay = match self.retry.on_error(class) {
+            Action::RetryAfter(delay) => delay,
+            // `verdict` loses only transient and throttled answers.
+            _ => self.cfg.sync.backoff.max.get(),
+        };
+        self.answer_lost = true;
+        reporter.update(|s| note_answer_lost(s, e, delay));
+        delay
     }
 
     /// Revision `rev` is on the target (`here`: by this agent's Txn): the watermark moves, the
@@ -391,6 +441,7 @@ impl<'c> Tail<'c> {
         let now = now_rfc3339();
         let role = replicas.role();
         let confirmed = self.confirm();
+        let answer_lost = here && std::mem::take(&mut self.answer_lost);
         reporter.update(|s| {
             s.watermark = rev.revision;
             s.role = role;
@@ -407,6 +458,9 @@ impl<'c> Tail<'c> {
             }
             if here && s.condition(ConditionType::TargetQuotaExhausted) {
                 s.set_condition(ConditionType::TargetQuotaExhausted, false, Reason::Recovered, "");
+            }
+            if here && answer_lost {
+                note_answers_again(s);
             }
         });
         reporter.revisions_landed(1);
@@ -427,7 +481,79 @@ fn left_until(at: Option<tokio::time::Instant>) -> Duration {
     at.map_or(Duration::ZERO, |at| at.saturating_duration_since(tokio::time::Instant::now()))
 }
 
+/// Status while Txns whose answer `e` lost wait `delay` to go again.
+fn note_answer_lost(s: &mut mirror_core::Status, e: &EtcdError, delay: Duration) {
+    let class = e.class();
+    s.last_error = Some(LastError {
+        class,
+        reason: e.fault.into(),
+        message: format!("{e}; sending the Txns in flight again in {delay:?}"),
+        fix: None,
+    });
+    if class == ErrorClass::Throttle {
+        s.set_condition(ConditionType::TargetThrottled, true, Reason::TooManyRequests, e.to_string());
+    }
+}
+
+/// Status once a Txn landed after lost answers: what they said no longer holds.
+fn note_answers_again(s: &mut mirror_core::Status) {
+    s.last_error = None;
+    if s.condition(ConditionType::TargetThrottled) {
+        s.set_condition(ConditionType::TargetThrottled, false, Reason::Recovered, "");
+    }
+}
+
 /// Updates the `exact` section of the status.
 fn exact_status(reporter: &Reporter, f: impl FnOnce(&mut mirror_core::ExactStatus)) {
     reporter.update(|s| f(s.exact.get_or_insert_with(Default::default)));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use mirror_core::{ConditionType, ErrorClass, EtcdError, Reason, Side, Status};
+
+    use super::{note_answer_lost, note_answers_again};
+
+    fn lost(status: tonic::Status) -> EtcdError {
+        EtcdError::new("exact txn", Side::Target, etcd_client::Error::GRpcStatus(status))
+    }
+
+    fn throttled(s: &Status) -> Option<(bool, Reason, String)> {
+        let c = s.conditions.iter().find(|c| c.type_ == ConditionType::TargetThrottled)?;
+        Some((c.status, c.reason, c.message.clone()))
+    }
+
+    /// A Txn answered "too many requests" raises `TargetThrottled` with the server's words and
+    /// leaves the error as `last_error` while the Txns wait; a transient loss says `last_error`
+    /// only; a landing after them clears both, as compact mode's writes do.
+    #[test]
+    fn a_throttled_answer_raises_target_throttled_until_a_txn_lands() {
+        let mut s = Status::default();
+        let e = lost(tonic::Status::resource_exhausted("etcdserver: too many requests"));
+        assert_eq!(e.class(), ErrorClass::Throttle);
+        note_answer_lost(&mut s, &e, Duration::from_secs(2));
+        let (raised, reason, message) = throttled(&s).expect("TargetThrottled is set");
+        assert!(
+            raised && reason == Reason::TooManyRequests && message.contains("too many requests"),
+            "{message}"
+        );
+        let last = s.last_error.clone().expect("last_error");
+        assert_eq!(last.class, ErrorClass::Throttle);
+        assert!(last.message.contains("again in 2s"), "{}", last.message);
+
+        note_answers_again(&mut s);
+        assert_eq!(
+            throttled(&s).map(|(raised, reason, _)| (raised, reason)),
+            Some((false, Reason::Recovered))
+        );
+        assert!(s.last_error.is_none());
+
+        let e = lost(tonic::Status::unavailable("etcdserver: request timed out"));
+        assert_eq!(e.class(), ErrorClass::Transient);
+        note_answer_lost(&mut s, &e, Duration::from_millis(200));
+        assert_eq!(s.last_error.as_ref().map(|l| l.class), Some(ErrorClass::Transient));
+        assert!(!s.condition(ConditionType::TargetThrottled), "a timeout is not throttling");
+    }
 }

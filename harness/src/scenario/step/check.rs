@@ -73,6 +73,10 @@ pub struct Expect {
     /// not True; with `during`, at every status read (every 500 ms) for that long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lag_revisions: Option<i64>,
+    /// Extension: the agent re-opened its source watch at least this many times
+    /// (`watch_restarts` in status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_watch_restarts: Option<u64>,
     /// Extension: the agent re-opened its source watch at most this many times
     /// (`watch_restarts` in status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,11 +134,16 @@ impl Step for Expect {
         if let Some(most) = self.max_lag_revisions {
             self.lag_stays_under(world, most).await?;
         }
-        if let Some(most) = self.max_watch_restarts {
+        if self.min_watch_restarts.is_some() || self.max_watch_restarts.is_some() {
             let got = world.status(agent).await?.watch_restarts;
+            let (least, most) = (self.min_watch_restarts.unwrap_or(0), self.max_watch_restarts);
+            let expected = match most {
+                Some(most) => format!("at least {least} and at most {most}"),
+                None => format!("at least {least}"),
+            };
             anyhow::ensure!(
-                got <= most,
-                "the source watch was re-opened {got} times, expected at most {most}"
+                got >= least && most.is_none_or(|most| got <= most),
+                "the source watch was re-opened {got} times, expected {expected}"
             );
         }
         let mut eventually = Vec::new();

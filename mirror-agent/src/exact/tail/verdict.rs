@@ -1,22 +1,37 @@
 //! One answer of the target to an exact Txn, judged: landed (here or by another replica),
 //! to send again, or a stop (a foreign write, a promoted target, a revision too large).
 
-use mirror_core::{ErrorClass, ExactRevision, Reason};
+use mirror_core::{ErrorClass, EtcdError, ExactRevision, Reason};
 use mirror_fence::{Answer, Landing};
 
 use super::super::flight::Verdict;
 use super::super::Stop;
 use super::Tail;
 
+/// One answer, judged.
+#[derive(Debug)]
+pub(super) struct Judged {
+    pub verdict: Verdict,
+    /// Landed by this agent's Txn.
+    pub here: bool,
+    /// The answer was lost (`Again`): the error, transient or "too many requests", that a wait
+    /// goes before the Txn is sent again.
+    pub lost: Option<EtcdError>,
+}
+
+impl Judged {
+    fn answered(verdict: Verdict, here: bool) -> Result<Judged, Stop> {
+        Ok(Judged { verdict, here, lost: None })
+    }
+}
+
 impl Tail<'_> {
-    /// One answer as a verdict, whether this agent's Txn was the one that landed, and whether
-    /// the answer was lost (a transient error: `Again`). A foreign write or a promoted target
-    /// stops the link.
+    /// One answer as a verdict. A foreign write or a promoted target stops the link.
     pub(super) fn verdict(
         &self,
         rev: &ExactRevision,
-        answer: Result<etcd_client::TxnResponse, mirror_core::EtcdError>,
-    ) -> Result<(Verdict, bool, bool), Stop> {
+        answer: Result<etcd_client::TxnResponse, EtcdError>,
+    ) -> Result<Judged, Stop> {
         let revision = rev.revision;
         let resp = match answer {
             Ok(resp) => resp,
@@ -29,15 +44,15 @@ impl Tail<'_> {
             // will, whatever is retried.
             Err(e) if e.fault.is_txn_too_big() => return Err(too_big(rev, &e)),
             Err(e) if matches!(e.class(), ErrorClass::Transient | ErrorClass::Throttle) => {
-                return Ok((Verdict::Again, false, true));
+                return Ok(Judged { verdict: Verdict::Again, here: false, lost: Some(e) });
             }
             Err(e) => return Err(e.into()),
         };
         match self.placed.fence.judge(revision, &Answer::of(&resp)) {
-            Landing::Landed => Ok((Verdict::Landed, true, false)),
+            Landing::Landed => Judged::answered(Verdict::Landed, true),
             // Landed before (a lost answer), or another replica landed it and maybe more.
-            Landing::AlreadyLanded | Landing::Behind { .. } => Ok((Verdict::Landed, false, false)),
-            Landing::Overtaken => Ok((Verdict::Again, false, false)),
+            Landing::AlreadyLanded | Landing::Behind { .. } => Judged::answered(Verdict::Landed, false),
+            Landing::Overtaken => Judged::answered(Verdict::Again, false),
             Landing::Foreign(why) => Err(Stop::lost(Reason::ForeignWrite, why)),
             Landing::Promoted => Err(Stop::lost(
                 Reason::TargetPromoted,
@@ -51,7 +66,7 @@ impl Tail<'_> {
 /// (`--max-txn-ops`). A revision etcd made itself (a lease running out, a range delete: one
 /// small request, or none) can be larger than any request the source took, so the message
 /// names the revision's size rather than pointing at the source's limits alone.
-fn too_big(rev: &ExactRevision, e: &mirror_core::EtcdError) -> Stop {
+fn too_big(rev: &ExactRevision, e: &EtcdError) -> Stop {
     let bytes: usize = rev.changes.iter().map(mirror_core::Change::size).sum();
     Stop::lost(
         Reason::RevisionTooLarge,

@@ -32,7 +32,7 @@ pub async fn seed(source: &EtcdCluster, target: &mut EtcdCluster, name: &str) ->
 }
 
 /// One key as exact mode must keep it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KeyState {
     /// The key.
     pub key: Vec<u8>,
@@ -42,6 +42,22 @@ pub struct KeyState {
     pub revisions: (i64, i64, i64),
     /// The lease ID (0: none).
     pub lease: i64,
+}
+
+/// Values shown in a difference, at most (a 256 KiB value would bury the message).
+const SHOWN_VALUE: usize = 48;
+
+impl std::fmt::Debug for KeyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let value = String::from_utf8_lossy(&self.value[..self.value.len().min(SHOWN_VALUE)]);
+        let more = if self.value.len() > SHOWN_VALUE { "..." } else { "" };
+        f.debug_struct("KeyState")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("value", &format_args!("{value:?}{more} ({} bytes)", self.value.len()))
+            .field("revisions", &self.revisions)
+            .field("lease", &self.lease)
+            .finish()
+    }
 }
 
 /// Every key of a cluster outside the reserved namespace, read at one revision, and that
@@ -261,5 +277,25 @@ impl SnapshotSave {
         let status =
             tokio::time::timeout(within, self.child.wait()).await.context("snapshot save did not end")??;
         Ok(status.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keyspace_difference, KeyState};
+
+    /// A difference in a large value names the key and the sizes, not the whole value.
+    #[test]
+    fn a_difference_in_a_large_value_stays_readable() {
+        let state = |fill: u8| KeyState {
+            key: b"/registry/configmaps/big".to_vec(),
+            value: vec![fill; 256 << 10],
+            revisions: (2, 9, 4),
+            lease: 0,
+        };
+        let said = keyspace_difference(&(9, vec![state(b'a')]), &(9, vec![state(b'b')])).expect("differs");
+        assert!(said.len() < 600, "{} bytes: {said}", said.len());
+        assert!(said.contains("/registry/configmaps/big") && said.contains("262144 bytes"), "{said}");
+        assert_eq!(keyspace_difference(&(9, vec![state(b'a')]), &(9, vec![state(b'a')])), None);
     }
 }

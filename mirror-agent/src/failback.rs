@@ -26,8 +26,10 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use etcd_client::{Client, GetOptions};
-use mirror_core::{connect_to, parse_version, probe_members, unary, Config, Pager, PagerOptions, Side};
+use etcd_client::Client;
+use mirror_core::{
+    connect_to, parse_version, probe_members, read_head, unary, Config, Pager, PagerOptions, Side,
+};
 use mirror_watch::{read_history, History, HistoryError, Written};
 use serde_json::json;
 
@@ -91,14 +93,15 @@ async fn plan(config: &Config, watermark: i64, out: &Path) -> Result<String, Fai
     let client = connect_to(Side::Target, &config.target, sync, &probe.serving_endpoints()).await?;
     let rewriter = config.rewriter();
     let range = rewriter.target_range();
-    let head = unary(
+    let now = read_head(
+        &mut client.kv_client(),
+        range.start.clone(),
         "failback plan revision",
         Side::Target,
         timeout,
-        client.kv_client().get(range.start.clone(), Some(GetOptions::new().with_count_only())),
     )
-    .await?;
-    let now = head.header().map_or(0, |h| h.revision());
+    .await?
+    .revision;
     if now < watermark {
         return Err(Failure::Refused(format!(
             "the old source is at revision {now}, below the promoted watermark {watermark}: it went back \

@@ -62,6 +62,18 @@ impl Scrape {
     }
 }
 
+/// Runs every shipped alert rule ([`alert_rules`]) over `scrapes` held for [`QUIET_FOR`]
+/// ([`rules_test`]): Ok when none fires, else promtool's words.
+pub fn every_rule_quiet(scrapes: &[Scrape]) -> anyhow::Result<()> {
+    let rules = alert_rules();
+    let names = alert_names(&std::fs::read_to_string(&rules)?);
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("quiet.test.yaml"), rules_test(&rules, scrapes, &names)?)?;
+    let out = promtool(dir.path(), &["test", "rules", "quiet.test.yaml"])?;
+    anyhow::ensure!(out.contains("SUCCESS"), "{out}");
+    Ok(())
+}
+
 /// A promtool unit test (YAML) over `rules`: every sample of every scrape held for
 /// [`QUIET_FOR`] under `job="etcd-mirror"` and the scrape's instance, with `up` at 1, and no
 /// alert of `alerts` expected at the end. Unix timestamps (`…_timestamp_seconds`) are moved so

@@ -8,13 +8,14 @@
 //! and commands that are refused, `failover` what clients see after a failover or cutover,
 //! `flight` the Txns in flight, large revisions, leases and the pause, `memory` the agent's
 //! memory with a frozen target and a large spool (G6), `privilege` users without the root role,
-//! `audit` the periodic read-only comparison.
+//! `audit` the periodic read-only comparison, `quiet` the alert rules on healthy replicas.
 
 mod audit;
 mod failover;
 mod flight;
 mod memory;
 mod privilege;
+mod quiet;
 mod refusals;
 
 use std::time::Duration;

@@ -20,6 +20,8 @@ pub(crate) struct Comparison {
     pub divergent: u64,
     /// Keys only the target has.
     pub orphan: u64,
+    /// Source keys that carry a lease.
+    pub leased: u64,
     /// The first differences, in words, keys redacted.
     pub shown: Vec<String>,
 }
@@ -73,6 +75,7 @@ pub(crate) async fn compare_at(
             }
         }
         if advance_a {
+            found.leased += u64::from(a.as_ref().is_some_and(|kv| kv.lease() != 0));
             a = next_unreserved(&mut theirs).await?;
         }
         if advance_b {

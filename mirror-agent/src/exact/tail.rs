@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use mirror_core::{
-    now_rfc3339, unary, Action, AgentRole, ConditionType, Config, ErrorClass, EtcdError, ExactRevision,
-    LastError, Phase, Reason, RetryPolicy, Side, Spacer,
+    now_rfc3339, unary, Action, ConditionType, Config, ErrorClass, EtcdError, ExactRevision, LastError,
+    Phase, Reason, RetryPolicy, Side, Spacer,
 };
 use mirror_watch::{ExactDelivery, ExactError, ExactWatch};
 use tokio_util::sync::CancellationToken;
@@ -238,9 +238,9 @@ impl<'c> Tail<'c> {
                     }
                 }
                 _ = confirm.tick() => self.start_confirm_read(),
+                // Every replica reads (an HA standby too: the roles change with each
+                // revision, and each replica's status and alerts vouch for its own view).
                 event = audit.next(), if audit.on() => match event {
-                    // Read by the replica that lands revisions (a standby's would read twice).
-                    audit::Event::Due if replicas.role() == AgentRole::Standby => audit.skip(),
                     audit::Event::Due => audit.start(self.cfg, &self.source, &self.target, self.placed.watermark),
                     audit::Event::Finished(pass) => reporter.update(|s| audit::report(pass, s)),
                 },

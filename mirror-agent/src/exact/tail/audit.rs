@@ -63,8 +63,8 @@ impl Audit {
         self.every.is_some()
     }
 
-    /// The next event: a pass due (start one with [`Audit::start`], or [`Audit::skip`] it), or
-    /// the running pass's outcome. Cancel-safe: awaited beside the tail's other work.
+    /// The next event: a pass due (start one with [`Audit::start`]), or the running pass's
+    /// outcome. Cancel-safe: awaited beside the tail's other work.
     pub(super) async fn next(&mut self) -> Event {
         let Some(task) = self.running.as_mut() else {
             self.due.as_mut().await;
@@ -87,12 +87,6 @@ impl Audit {
             let found = compare_at(&cfg, &source, &target, revision, SHOWN, 0).await;
             Pass { revision, found, took: started.elapsed() }
         })));
-    }
-
-    /// Leaves out the pass due now (an HA standby's: the replica landing revisions reads): the
-    /// next one is due an interval on.
-    pub(super) fn skip(&mut self) {
-        self.wait(self.every.unwrap_or(Duration::MAX));
     }
 
     fn wait(&mut self, wait: Duration) {
@@ -144,6 +138,7 @@ pub(super) fn report(pass: Pass, status: &mut Status) {
     }
     status.source_keys = Some(found.equal + found.divergent + found.missing);
     status.target_keys = Some(found.equal + found.divergent + found.orphan);
+    status.lease_backed_keys = found.leased;
     status.last_reconcile = Some(LastReconcile {
         time: Some(now_rfc3339()),
         missing: found.missing,
@@ -194,12 +189,14 @@ mod tests {
             missing: 1,
             divergent: 1,
             orphan: 1,
+            leased: 4,
             shown: vec!["key /a differs in value".into()],
         };
         report(pass(drifted), &mut s);
         let last = s.last_reconcile.clone().expect("last_reconcile");
         assert_eq!((last.missing, last.divergent, last.orphan, last.repaired), (1, 1, 1, 0));
         assert_eq!((last.keys_compared, s.source_keys, s.target_keys), (12, Some(12), Some(12)));
+        assert_eq!(s.lease_backed_keys, 4);
         let (raised, reason, message) = condition(&s, ConditionType::DriftDetected);
         assert!(
             raised && reason == Reason::Drift && message.contains("key /a differs in value"),

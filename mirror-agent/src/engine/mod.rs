@@ -1,7 +1,7 @@
 //! The replication engine: connect → initial_sync → syncing, with degraded, standby and failed.
 //!
 //! ## Invariants this module upholds
-//! - **G1** Reads go to the source client only; writes only through the [`FencedWriter`] of the
+//! - **G1** Reads go to the source client only; writes only through the [`mirror_fence::FencedWriter`] of the
 //!   target, and only to keys the [`KeyRewriter`] produced or the checkpoint key.
 //! - **G2** Target Txns are built from [`mirror_watch::Batch`]es of whole revisions; a Txn the target refuses
 //!   as too big is retried one revision at a time; a single revision still refused is

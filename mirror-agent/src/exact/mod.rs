@@ -7,7 +7,8 @@
 //!   the watch of the whole keyspace ([`mirror_watch::ExactWatch`]); the target leases are
 //!   held by [`leases::TargetLeases`], and the target's compaction follows the source's
 //!   ([`compaction::Following`]); revisions the source compacted come from the seed's spool
-//!   ([`seed::spooled_after`]).
+//!   ([`seed::SpoolReplay`]), read as revisions land; every `reconcile.interval` both sides
+//!   are compared at the last revision landed, read only (`tail/audit.rs`).
 //!
 //! What stops the link for good (`failed`, nothing more written): a foreign write, a missing
 //! revision, a target that is not a restore of this source or whose history the source

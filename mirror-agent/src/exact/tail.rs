@@ -335,7 +335,7 @@ impl<'c> Tail<'c> {
 
     /// Judges the first Txn in flight by `answer`. Landed: it is done. Otherwise (sent too
     /// early, or its answer lost) every answer behind it is awaited, the last landing proves
-    /// those before it ([`flight::landed_prefix`]), and the rest wait to be sent again in order
+    /// those before it ([`landed_prefix`]), and the rest wait to be sent again in order
     /// (after a backoff when an answer was lost).
     async fn on_answer(
         &mut self,

@@ -140,7 +140,7 @@ async fn exact(config: Config, revision: Option<i64>, max_diffs: usize) -> anyho
     println!("target revision:         {target_revision}");
     println!("compared at revision:    {revision}");
     println!("keys equal:              {}", found.equal);
-    println!("keys differing:          {}", found.differences);
+    println!("keys differing:          {}", found.differences());
     let same_revision = target_revision == kv.mod_revision() && kv.mod_revision() == landed;
     if !same_revision {
         println!(
@@ -149,7 +149,7 @@ async fn exact(config: Config, revision: Option<i64>, max_diffs: usize) -> anyho
             kv.mod_revision()
         );
     }
-    if same_revision && found.differences == 0 {
+    if same_revision && found.differences() == 0 {
         println!("EQUAL");
         return Ok(true);
     }

@@ -12,9 +12,7 @@ use mirror_reconcile::RangeReader;
 pub(crate) struct Comparison {
     /// Keys that agree.
     pub equal: u64,
-    /// Keys that differ, or are on one side only.
-    pub differences: u64,
-    /// Of those, keys only the source has.
+    /// Keys only the source has.
     pub missing: u64,
     /// Keys on both sides that differ.
     pub divergent: u64,
@@ -24,6 +22,23 @@ pub(crate) struct Comparison {
     pub leased: u64,
     /// The first differences, in words, keys redacted.
     pub shown: Vec<String>,
+}
+
+impl Comparison {
+    /// Keys that differ, or are on one side only.
+    pub fn differences(&self) -> u64 {
+        self.missing + self.divergent + self.orphan
+    }
+
+    /// Keys the source holds (outside the reserved namespace).
+    pub fn source_keys(&self) -> u64 {
+        self.equal + self.divergent + self.missing
+    }
+
+    /// Keys the target holds (outside the reserved namespace).
+    pub fn target_keys(&self) -> u64 {
+        self.equal + self.divergent + self.orphan
+    }
 }
 
 /// Compares both sides at `revision`; stops after `stop_after` differences (0: never).
@@ -65,11 +80,10 @@ pub(crate) async fn compare_at(
             None => found.equal += 1,
             Some((what, kind)) => {
                 *kind += 1;
-                found.differences += 1;
                 if found.shown.len() < show {
                     found.shown.push(what);
                 }
-                if stop_after > 0 && found.differences >= stop_after {
+                if stop_after > 0 && found.differences() >= stop_after {
                     break;
                 }
             }

@@ -52,7 +52,7 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let found = compare_at(config, &source, &target, drain, 10, 0).await?;
-    if found.differences > 0 {
+    if found.differences() > 0 {
         eprintln!("mirror-agent cutover: not promoted: the sides differ at source revision {drain}:");
         for line in found.shown {
             eprintln!("  {line}");

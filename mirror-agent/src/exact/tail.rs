@@ -459,7 +459,7 @@ impl<'c> Tail<'c> {
             if here && s.condition(ConditionType::TargetQuotaExhausted) {
                 s.set_condition(ConditionType::TargetQuotaExhausted, false, Reason::Recovered, "");
             }
-            if here && answer_lost {
+            if answer_lost {
                 note_answers_again(s);
             }
         });

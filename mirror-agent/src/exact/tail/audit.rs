@@ -117,7 +117,7 @@ pub(super) fn report(pass: Pass, status: &mut Status) {
             return;
         }
     };
-    let drift = found.differences > 0;
+    let drift = found.differences() > 0;
     let shown = found.shown.join("; ");
     if drift {
         error!(
@@ -136,8 +136,8 @@ pub(super) fn report(pass: Pass, status: &mut Status) {
             "periodic comparison: every key equal"
         );
     }
-    status.source_keys = Some(found.equal + found.divergent + found.missing);
-    status.target_keys = Some(found.equal + found.divergent + found.orphan);
+    status.source_keys = Some(found.source_keys());
+    status.target_keys = Some(found.target_keys());
     status.lease_backed_keys = found.leased;
     status.last_reconcile = Some(LastReconcile {
         time: Some(now_rfc3339()),
@@ -145,7 +145,7 @@ pub(super) fn report(pass: Pass, status: &mut Status) {
         divergent: found.divergent,
         orphan: found.orphan,
         repaired: 0,
-        keys_compared: found.equal + found.divergent + found.missing,
+        keys_compared: found.source_keys(),
         duration_seconds: took.as_secs_f64(),
     });
     let counts = format!(
@@ -185,7 +185,6 @@ mod tests {
         let mut s = Status::default();
         let drifted = Comparison {
             equal: 10,
-            differences: 3,
             missing: 1,
             divergent: 1,
             orphan: 1,

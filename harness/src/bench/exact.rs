@@ -10,6 +10,8 @@
 //!   asked, open loop, and the highest rate of a ladder (125/s steps above them, up to the best
 //!   ceiling, then one rung halfway back from the first rate missed) it keeps up with (p99 <=
 //!   100 ms, and a watch on the source itself keeping up);
+//! - the exact tail at the first rate asked where each revision takes a key off a lease that
+//!   keeps 5 000 others ([`leased_rung`]: Kubernetes' event updates), beside the plain rung;
 //! - the exact tail's own rate with the source's writes off the machine ([`catch_up`]): the
 //!   source takes a backlog while no agent runs, then the agent applies it, timed on the target;
 //! - the target's ceiling again beside a source taking the first rate the tail did not keep up
@@ -134,6 +136,13 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
         }
     }
     let resent = agent.status().await?.exact.map_or(0, |e| e.resent);
+    if let Some(&rate) = plan.exact_rates.first() {
+        let lags = leased_rung(&agent, &mut src, &dst, rate, plan.tail_seconds).await?;
+        println!(
+            "  exact tail at {rate:>5} revisions/s, each taking a key off a lease that keeps {LEASE_KEPT} others: {}",
+            lags.summary()
+        );
+    }
     drop(agent);
     let drained = catch_up(&cfg, &src, &dst).await?;
     drop((source, target));
@@ -196,6 +205,37 @@ pub(super) async fn run(plan: &BenchPlan) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Keys that stay under the lease of [`leased_rung`] while others leave it.
+const LEASE_KEPT: usize = 5_000;
+
+/// The exact tail at `rate`, open loop, where each revision takes a key off one source lease
+/// that keeps [`LEASE_KEPT`] keys: Kubernetes' event updates past the API server's lease-reuse
+/// window, which move an event off a lease holding the rest of that window's events. The
+/// agent must see that the lease still holds keys (it revokes a target lease once its last key
+/// left); the lag beside the plain rung at the same rate is what finding that out costs.
+async fn leased_rung(
+    agent: &AgentProcess,
+    src: &mut Client,
+    dst: &Client,
+    rate: u32,
+    seconds: u64,
+) -> anyhow::Result<super::Lags> {
+    let prefix = "/bench/leased/";
+    let lease = src.lease_grant(600, None).await?.id();
+    let moved = (rate as u64 * seconds) as usize;
+    let keys = (0..moved)
+        .map(|i| format!("{prefix}{i:08}"))
+        .chain((0..LEASE_KEPT).map(|i| format!("/bench/kept/{i:08}")));
+    let keys: Vec<String> = keys.collect();
+    for chunk in keys.chunks(64) {
+        let under = || Some(etcd_client::PutOptions::new().with_lease(lease));
+        let puts: Vec<_> = chunk.iter().map(|k| etcd_client::TxnOp::put(k.as_str(), "x", under())).collect();
+        src.txn(etcd_client::Txn::new().and_then(puts)).await?;
+    }
+    crate::scenario::caught_up(agent, src).await?;
+    tail_lag(src, dst, prefix, rate, seconds).await
 }
 
 /// Revisions the source takes while no agent runs, for [`catch_up`].

@@ -378,3 +378,71 @@ async fn a_keep_alive_waiting_for_its_answer_holds_up_no_revision() {
     assert_exact(&agent, &mut src, &mut dst, "after the keep-alive").await;
     keeper.abort();
 }
+
+/// Leases whose keys leave one at a time, each kind of leaving (deleted, put without a lease,
+/// put under another lease): the agent counts each lease's keys on the target and reads a lease
+/// only once its count reaches zero, so each lease must still be on the target, its keys with
+/// it, until its last key left, and gone right after. One lease came with the snapshot (counted
+/// when the agent adopts it), one is granted after the seed (counted from its grant); the agent
+/// is killed between two leavings, and the restarted one counts again.
+#[tokio::test]
+async fn a_lease_is_revoked_on_the_target_when_its_last_key_leaves_and_not_before() {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    let under = |lease| Some(PutOptions::new().with_lease(lease));
+    let snap = src.lease_grant(600, None).await.unwrap().id();
+    for key in ["/registry/events/s1", "/registry/events/s2", "/registry/events/s3"] {
+        src.put(key, "e", under(snap)).await.unwrap();
+    }
+    seed(&source, &mut target, "seed").await.unwrap();
+    let mut agent = AgentProcess::start(&exact_config(&source, &target, "k8s-dr")).await.unwrap();
+    let mut dst = target.client().await.unwrap();
+    let fresh = src.lease_grant(600, None).await.unwrap().id();
+    let other = src.lease_grant(600, None).await.unwrap().id();
+    for key in ["/registry/events/f1", "/registry/events/f2", "/registry/events/f3"] {
+        src.put(key, "e", under(fresh)).await.unwrap();
+    }
+    src.put("/registry/events/o1", "e", under(other)).await.unwrap();
+    let held = |mut dst: Client, id: i64| async move {
+        dst.leases().await.unwrap().leases().iter().any(|l| l.id() == id)
+    };
+    let revoked = |dst: Client, id: i64| async move {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while held(dst.clone(), id).await {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .is_ok()
+    };
+    assert_exact(&agent, &mut src, &mut dst, "with three leases").await;
+
+    // Each lease loses two of its three keys, one way after another; both stay.
+    src.delete("/registry/events/s1", None).await.unwrap();
+    src.put("/registry/events/f1", "e2", None).await.unwrap();
+    agent.kill9().await.unwrap();
+    src.put("/registry/events/s2", "e2", under(other)).await.unwrap();
+    agent.restart().await.unwrap();
+    src.delete("/registry/events/f2", None).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after two keys of each left").await;
+    for id in [snap, fresh, other] {
+        assert!(
+            held(dst.clone(), id).await,
+            "lease {id:x} was revoked on the target with keys still under it"
+        );
+    }
+
+    // The last key of each leaves: each is revoked; the lease keys moved to stays.
+    src.put("/registry/events/s3", "e2", None).await.unwrap();
+    src.put("/registry/events/f3", "e2", under(other)).await.unwrap();
+    assert_exact(&agent, &mut src, &mut dst, "after the last keys left").await;
+    for id in [snap, fresh] {
+        assert!(
+            revoked(dst.clone(), id).await,
+            "lease {id:x} holds no key, yet it was not revoked within 10 s"
+        );
+    }
+    assert!(held(dst.clone(), other).await, "the lease the keys moved to was revoked");
+    assert!(agent.status().await.unwrap().last_error.is_none());
+}

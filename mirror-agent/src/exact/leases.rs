@@ -8,7 +8,12 @@
 //!   (`\0etcd-mirror/<link_uid>/leases/<id>`) in the Txn that first uses it, and the record is
 //!   deleted in the Txn after its revoke: `failover` swaps each long lease for one of that TTL.
 //! - Every one is kept alive at a third of its TTL, and revoked only once the Txn that took its
-//!   last key has landed: then it holds no key, and a revoke adds no revision.
+//!   last key has landed and a read of the lease shows it holds no key: a revoke then adds no
+//!   revision. The keys each lease holds on the target are counted ([`Count`]: read once, then
+//!   followed revision by revision), so a key leaving a lease that still holds others costs no
+//!   read: on a Kubernetes control plane an event updated past the API server's lease-reuse
+//!   window leaves a lease that may hold thousands of events, and listing them inline held up
+//!   every revision behind it.
 //! - One found gone that held keys deleted them at a revision the source never had: the tail's
 //!   fence check names it as a foreign write. One gone without keys (revoked by another replica
 //!   of the link) changed nothing.
@@ -33,6 +38,42 @@ struct Held {
     kept: Instant,
     /// It came with the snapshot (its TTL is the source's, not the hold).
     snapshot: bool,
+    /// The keys it holds on the target, where known.
+    keys: Option<Count>,
+}
+
+/// The keys a target lease holds, as of a target revision: read there (a lease's key list
+/// and the revision of the answer), or 0 at a grant, then followed by every revision landed
+/// after it ([`Count::follow`]). Only ever a reason to skip a read: a lease is revoked only
+/// after a read showed it empty, so a count that went wrong costs a read (too low) or keeps
+/// an empty lease alive until the next run counts again (too high), never a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Count {
+    keys: u64,
+    /// The target revision it is as of: revisions up to it are in it.
+    at: i64,
+}
+
+impl Count {
+    /// What revision `rev`'s changes do to lease `id`'s count: each key put under it that was
+    /// not before adds one, each key that leaves it (deleted, or put under another lease) takes
+    /// one; a revision the count already holds changes nothing.
+    fn follow(self, id: i64, rev: &ExactRevision) -> Count {
+        if rev.revision <= self.at {
+            return self;
+        }
+        let mut keys = self.keys as i64;
+        for change in &rev.changes {
+            match change {
+                mirror_core::Change::Put { lease, prev_lease, .. } if lease != prev_lease => {
+                    keys += i64::from(*lease == id) - i64::from(*prev_lease == id);
+                }
+                mirror_core::Change::Put { .. } => {}
+                mirror_core::Change::Delete { prev_lease, .. } => keys -= i64::from(*prev_lease == id),
+            }
+        }
+        Count { keys: keys.max(0) as u64, at: rev.revision }
+    }
 }
 
 /// The target leases of the link, with the clients that grant, keep and revoke them.
@@ -91,8 +132,12 @@ impl TargetLeases {
         };
         for lease in listed.leases() {
             let id = lease.id();
-            let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
-            leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold });
+            // Its keys counted once here, so that a key leaving it later costs no read.
+            let (ttl, keys) = match leases.read(id).await? {
+                Some((ttl, count)) => (ttl, Some(count)),
+                None => (0, None),
+            };
+            leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold, keys });
             match leases.keep(id).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -150,14 +195,19 @@ impl TargetLeases {
             let ttl = self.hold.max(source_ttl);
             let opts = LeaseGrantOptions::new().with_id(id);
             let mut client = self.target.lease_client();
-            let ttl =
+            // A fresh lease holds no key (the Txns that name it are built after this); one
+            // granted before (an answer lost, or another replica's) is counted when a key
+            // leaves it.
+            let (ttl, keys) =
                 match unary("lease grant", Side::Target, self.timeout, client.grant(ttl, Some(opts))).await {
-                    Ok(_) => ttl,
-                    Err(e) if e.fault == Fault::LeaseExists => self.ttl_of_target(id).await?.unwrap_or(ttl),
+                    Ok(_) => (ttl, Some(Count { keys: 0, at: 0 })),
+                    Err(e) if e.fault == Fault::LeaseExists => {
+                        (self.ttl_of_target(id).await?.unwrap_or(ttl), None)
+                    }
                     Err(e) => return Err(e.into()),
                 };
             debug!(lease = id, ttl, "target lease granted");
-            self.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: false });
+            self.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: false, keys });
             if source_ttl > 0 {
                 // The source's TTL, for the swap at cutover and failover.
                 let key = record_key(&self.records, id);
@@ -167,9 +217,11 @@ impl TargetLeases {
         Ok(())
     }
 
-    /// After Txn `rev` landed: revokes each lease one of its changes left that holds no key on
-    /// the target any more (no key: the revoke adds no revision) and that no revision waiting or
-    /// in flight puts a key under (`needed`). A lease already gone was
+    /// After Txn `rev` landed (here or by another replica): every count follows it, then each
+    /// lease one of its changes left is revoked if it holds no key on the target any more (no
+    /// key: the revoke adds no revision) and no revision waiting or in flight puts a key under
+    /// it (`needed`). A lease counted to hold keys still is left as it is without a read; any
+    /// other is read, and revoked only when the read shows it empty. A lease already gone was
     /// revoked by another replica, or lapsed holding no key: nothing to do either way (one that
     /// lapsed holding keys deleted them at a revision of its own, which the fence finds).
     pub(super) async fn release(
@@ -177,6 +229,7 @@ impl TargetLeases {
         rev: &ExactRevision,
         needed: &std::collections::BTreeSet<i64>,
     ) -> Result<(), Stop> {
+        self.follow(rev);
         let left: std::collections::BTreeSet<i64> = rev
             .changes
             .iter()
@@ -184,15 +237,18 @@ impl TargetLeases {
             .filter(|l| *l != 0 && !needed.contains(l))
             .collect();
         for id in left {
-            let opts = LeaseTimeToLiveOptions::new().with_keys();
-            let mut client = self.target.lease_client();
-            let resp =
-                unary("lease keys", Side::Target, self.timeout, client.time_to_live(id, Some(opts))).await?;
-            if resp.ttl() < 0 {
-                self.held.remove(&id);
+            if self.holds_keys(id) {
                 continue;
             }
-            if resp.keys().is_empty() {
+            let Some((_, count)) = self.read(id).await? else {
+                self.held.remove(&id);
+                continue;
+            };
+            if let Some(h) = self.held.get_mut(&id) {
+                h.keys = Some(count);
+            }
+            if count.keys == 0 {
+                let mut client = self.target.lease_client();
                 match unary("lease revoke", Side::Target, self.timeout, client.revoke(id)).await {
                     Ok(_) => debug!(lease = id, "target lease revoked: its last key is gone"),
                     Err(e) if e.fault == Fault::LeaseNotFound => {}
@@ -299,6 +355,43 @@ impl TargetLeases {
         }
     }
 
+    /// Every count follows landed revision `rev` ([`Count::follow`]).
+    fn follow(&mut self, rev: &ExactRevision) {
+        let touched: std::collections::BTreeSet<i64> = rev
+            .changes
+            .iter()
+            .flat_map(|c| match c {
+                mirror_core::Change::Put { lease, prev_lease, .. } => [*lease, *prev_lease],
+                mirror_core::Change::Delete { prev_lease, .. } => [*prev_lease, 0],
+            })
+            .filter(|l| *l != 0)
+            .collect();
+        for id in touched {
+            if let Some(count) = self.held.get_mut(&id).and_then(|h| h.keys.as_mut()) {
+                *count = count.follow(id, rev);
+            }
+        }
+    }
+
+    /// Lease `id` is counted to hold a key on the target still: no read needed to leave it be.
+    fn holds_keys(&self, id: i64) -> bool {
+        self.held.get(&id).and_then(|h| h.keys).is_some_and(|c| c.keys > 0)
+    }
+
+    /// Lease `id` on the target: its granted TTL and its keys as of the answer's revision, or
+    /// None when it is gone.
+    async fn read(&self, id: i64) -> Result<Option<(i64, Count)>, Stop> {
+        let opts = LeaseTimeToLiveOptions::new().with_keys();
+        let mut client = self.target.lease_client();
+        let resp =
+            unary("lease keys", Side::Target, self.timeout, client.time_to_live(id, Some(opts))).await?;
+        if resp.ttl() < 0 {
+            return Ok(None);
+        }
+        let at = resp.header().map_or(0, |h| h.revision());
+        Ok(Some((resp.granted_ttl(), Count { keys: resp.keys().len() as u64, at })))
+    }
+
     async fn ttl_of_target(&self, id: i64) -> Result<Option<i64>, Stop> {
         let resp =
             unary("lease ttl", Side::Target, self.timeout, self.target.lease_client().time_to_live(id, None))
@@ -326,5 +419,53 @@ pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
         if let Err(stop) = leases.keep_due().await {
             return stop;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mirror_core::{Change, ExactRevision};
+
+    use super::Count;
+
+    fn put(key: &str, lease: i64, prev_lease: i64) -> Change {
+        Change::Put { key: key.into(), value: Vec::new(), lease, version: 2, create_revision: 1, prev_lease }
+    }
+
+    fn delete(key: &str, prev_lease: i64) -> Change {
+        Change::Delete { key: key.into(), prev_mod_revision: Some(1), prev_lease }
+    }
+
+    fn rev(revision: i64, changes: Vec<Change>) -> ExactRevision {
+        ExactRevision { revision, changes }
+    }
+
+    /// A key put under the lease adds one, a key put again under it changes nothing, a key
+    /// moved to another lease or deleted takes one; changes of other leases are not its own.
+    #[test]
+    fn a_count_follows_the_keys_that_come_and_leave() {
+        let count = Count { keys: 3, at: 10 };
+        let moved = rev(11, vec![put("/a", 7, 0), put("/b", 7, 7), put("/c", 9, 7), put("/d", 9, 0)]);
+        assert_eq!(count.follow(7, &moved), Count { keys: 3, at: 11 });
+        let expiry = rev(12, vec![delete("/a", 7), delete("/b", 7), delete("/x", 9)]);
+        assert_eq!(count.follow(7, &moved).follow(7, &expiry), Count { keys: 1, at: 12 });
+    }
+
+    /// A revision the count was read after is in it already: following it changes nothing (a
+    /// read answered at revision 12 holds what revisions 11 and 12 did).
+    #[test]
+    fn a_revision_the_count_already_holds_is_not_counted_twice() {
+        let read = Count { keys: 5, at: 12 };
+        assert_eq!(read.follow(7, &rev(11, vec![delete("/a", 7)])), read);
+        assert_eq!(read.follow(7, &rev(12, vec![put("/b", 7, 0)])), read);
+        assert_eq!(read.follow(7, &rev(13, vec![delete("/a", 7)])), Count { keys: 4, at: 13 });
+    }
+
+    /// A count that went wrong never goes below zero: it then reads as "no key" and the lease
+    /// is read before anything is revoked.
+    #[test]
+    fn a_count_stops_at_zero() {
+        let gone = rev(2, vec![delete("/a", 7), delete("/b", 7)]);
+        assert_eq!(Count { keys: 1, at: 1 }.follow(7, &gone), Count { keys: 0, at: 2 });
     }
 }

@@ -9,11 +9,11 @@
 //!   deleted in the Txn after its revoke: `failover` swaps each long lease for one of that TTL.
 //! - Every one is kept alive at a third of its TTL, and revoked only once the Txn that took its
 //!   last key has landed and a read of the lease shows it holds no key: a revoke then adds no
-//!   revision. The keys each lease holds on the target are counted ([`Count`]: read once, then
-//!   followed revision by revision), so a key leaving a lease that still holds others costs no
-//!   read: on a Kubernetes control plane an event updated past the API server's lease-reuse
-//!   window leaves a lease that may hold thousands of events, and listing them inline held up
-//!   every revision behind it.
+//!   revision. The keys each lease holds on the target are counted ([`Count`]: read when the
+//!   agent adopts the lease, 0 when it grants one, then followed revision by revision), so a
+//!   key leaving a lease that still holds others costs no read: on a Kubernetes control plane
+//!   an event updated past the API server's lease-reuse window leaves a lease that may hold
+//!   thousands of events, and listing them inline held up every revision behind it.
 //! - One found gone that held keys deleted them at a revision the source never had: the tail's
 //!   fence check names it as a foreign write. One gone without keys (revoked by another replica
 //!   of the link) changed nothing.
@@ -42,11 +42,15 @@ struct Held {
     keys: Option<Count>,
 }
 
-/// The keys a target lease holds, as of a target revision: read there (a lease's key list
-/// and the revision of the answer), or 0 at a grant, then followed by every revision landed
-/// after it ([`Count::follow`]). Only ever a reason to skip a read: a lease is revoked only
-/// after a read showed it empty, so a count that went wrong costs a read (too low) or keeps
-/// an empty lease alive until the next run counts again (too high), never a key.
+/// The keys a target lease holds, as of a target revision: read there when the agent adopts
+/// the lease (its key list and the revision of the answer; none of the agent's Txns is in
+/// flight then), or 0 at a grant, then followed by every revision landed after it
+/// ([`Count::follow`]). Not taken from a read while Txns are in flight: etcd lists a lease's
+/// keys and fills the answer's revision one after the other, and a Txn applied in between is
+/// in one and not the other. Only ever a reason to skip a read: a lease is revoked only after a
+/// read showed it empty, so a count that went wrong costs a read (too low: the count is then
+/// dropped) or keeps an empty lease alive until the next run counts again (too high), never a
+/// key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Count {
     keys: u64,
@@ -132,12 +136,8 @@ impl TargetLeases {
         };
         for lease in listed.leases() {
             let id = lease.id();
-            // Its keys counted once here, so that a key leaving it later costs no read.
-            let (ttl, keys) = match leases.read(id).await? {
-                Some((ttl, count)) => (ttl, Some(count)),
-                None => (0, None),
-            };
-            leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold, keys });
+            let ttl = leases.ttl_of_target(id).await?.unwrap_or(0);
+            leases.held.insert(id, Held { ttl, kept: Instant::now(), snapshot: ttl < hold, keys: None });
             match leases.keep(id).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -154,8 +154,28 @@ impl TargetLeases {
                 Err(stop) => return Err(stop),
             }
         }
+        leases.count_held().await?;
         info!(leases = leases.held.len(), "target leases adopted and kept alive");
         Ok(leases)
+    }
+
+    /// Counts the keys of every lease held, once each kept alive: a lease of many keys takes a
+    /// while to list, and the keep-alives due meanwhile go out every second.
+    async fn count_held(&mut self) -> Result<(), Stop> {
+        let ids: Vec<i64> = self.held.keys().copied().collect();
+        let mut kept = Instant::now();
+        for id in ids {
+            let count = self.read(id).await?;
+            if let Some(h) = self.held.get_mut(&id) {
+                h.keys = count;
+            }
+            if kept.elapsed() >= Duration::from_secs(1) {
+                // A lease found gone here is the tail's to find: its revision check names it.
+                self.keep_due().await?;
+                kept = Instant::now();
+            }
+        }
+        Ok(())
     }
 
     /// The TTL record writes the next Txn carries (taken: a Txn carries each once).
@@ -240,23 +260,27 @@ impl TargetLeases {
             if self.holds_keys(id) {
                 continue;
             }
-            let Some((_, count)) = self.read(id).await? else {
+            let Some(count) = self.read(id).await? else {
                 self.held.remove(&id);
                 continue;
             };
-            if let Some(h) = self.held.get_mut(&id) {
-                h.keys = Some(count);
+            if count.keys > 0 {
+                // Counted 0 (or never counted), yet it holds keys: read at each leaving from
+                // here on, as without a count.
+                if let Some(h) = self.held.get_mut(&id).filter(|h| h.keys.is_some()) {
+                    debug!(lease = id, counted = ?h.keys, held = count.keys, "a lease's key count was wrong: dropped");
+                    h.keys = None;
+                }
+                continue;
             }
-            if count.keys == 0 {
-                let mut client = self.target.lease_client();
-                match unary("lease revoke", Side::Target, self.timeout, client.revoke(id)).await {
-                    Ok(_) => debug!(lease = id, "target lease revoked: its last key is gone"),
-                    Err(e) if e.fault == Fault::LeaseNotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
-                if self.held.remove(&id).is_some_and(|h| !h.snapshot) {
-                    self.riders.push(TxnOp::delete(record_key(&self.records, id), None));
-                }
+            let mut client = self.target.lease_client();
+            match unary("lease revoke", Side::Target, self.timeout, client.revoke(id)).await {
+                Ok(_) => debug!(lease = id, "target lease revoked: its last key is gone"),
+                Err(e) if e.fault == Fault::LeaseNotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            if self.held.remove(&id).is_some_and(|h| !h.snapshot) {
+                self.riders.push(TxnOp::delete(record_key(&self.records, id), None));
             }
         }
         Ok(())
@@ -378,9 +402,8 @@ impl TargetLeases {
         self.held.get(&id).and_then(|h| h.keys).is_some_and(|c| c.keys > 0)
     }
 
-    /// Lease `id` on the target: its granted TTL and its keys as of the answer's revision, or
-    /// None when it is gone.
-    async fn read(&self, id: i64) -> Result<Option<(i64, Count)>, Stop> {
+    /// Lease `id`'s keys on the target as of the answer's revision, or None when it is gone.
+    async fn read(&self, id: i64) -> Result<Option<Count>, Stop> {
         let opts = LeaseTimeToLiveOptions::new().with_keys();
         let mut client = self.target.lease_client();
         let resp =
@@ -389,7 +412,7 @@ impl TargetLeases {
             return Ok(None);
         }
         let at = resp.header().map_or(0, |h| h.revision());
-        Ok(Some((resp.granted_ttl(), Count { keys: resp.keys().len() as u64, at })))
+        Ok(Some(Count { keys: resp.keys().len() as u64, at }))
     }
 
     async fn ttl_of_target(&self, id: i64) -> Result<Option<i64>, Stop> {

@@ -59,25 +59,37 @@ struct Count {
 }
 
 impl Count {
-    /// What revision `rev`'s changes do to lease `id`'s count: each key put under it that was
-    /// not before adds one, each key that leaves it (deleted, or put under another lease) takes
-    /// one; a revision the count already holds changes nothing.
-    fn follow(self, id: i64, rev: &ExactRevision) -> Count {
-        if rev.revision <= self.at {
+    /// The count after `revision`, which added `delta` keys to the lease ([`deltas`]); a
+    /// revision the count already holds changes nothing.
+    fn follow(self, revision: i64, delta: i64) -> Count {
+        if revision <= self.at {
             return self;
         }
-        let mut keys = self.keys as i64;
-        for change in &rev.changes {
-            match change {
-                mirror_core::Change::Put { lease, prev_lease, .. } if lease != prev_lease => {
-                    keys += i64::from(*lease == id) - i64::from(*prev_lease == id);
-                }
-                mirror_core::Change::Put { .. } => {}
-                mirror_core::Change::Delete { prev_lease, .. } => keys -= i64::from(*prev_lease == id),
-            }
-        }
-        Count { keys: keys.max(0) as u64, at: rev.revision }
+        Count { keys: (self.keys as i64 + delta).max(0) as u64, at: revision }
     }
+}
+
+/// What revision `rev`'s changes do to each lease's keys, in one pass: each key put under a
+/// lease it was not under before adds one to it, each key that leaves a lease (deleted, or put
+/// under another lease) takes one from it.
+fn deltas(rev: &ExactRevision) -> BTreeMap<i64, i64> {
+    let mut deltas = BTreeMap::new();
+    let mut add = |lease: i64, n: i64| {
+        if lease != 0 {
+            *deltas.entry(lease).or_insert(0) += n;
+        }
+    };
+    for change in &rev.changes {
+        match change {
+            mirror_core::Change::Put { lease, prev_lease, .. } if lease != prev_lease => {
+                add(*lease, 1);
+                add(*prev_lease, -1);
+            }
+            mirror_core::Change::Put { .. } => {}
+            mirror_core::Change::Delete { prev_lease, .. } => add(*prev_lease, -1),
+        }
+    }
+    deltas
 }
 
 /// The target leases of the link, with the clients that grant, keep and revoke them.
@@ -381,18 +393,9 @@ impl TargetLeases {
 
     /// Every count follows landed revision `rev` ([`Count::follow`]).
     fn follow(&mut self, rev: &ExactRevision) {
-        let touched: std::collections::BTreeSet<i64> = rev
-            .changes
-            .iter()
-            .flat_map(|c| match c {
-                mirror_core::Change::Put { lease, prev_lease, .. } => [*lease, *prev_lease],
-                mirror_core::Change::Delete { prev_lease, .. } => [*prev_lease, 0],
-            })
-            .filter(|l| *l != 0)
-            .collect();
-        for id in touched {
+        for (id, delta) in deltas(rev) {
             if let Some(count) = self.held.get_mut(&id).and_then(|h| h.keys.as_mut()) {
-                *count = count.follow(id, rev);
+                *count = count.follow(rev.revision, delta);
             }
         }
     }
@@ -449,7 +452,12 @@ pub(super) async fn keep_meanwhile(leases: &mut TargetLeases) -> Stop {
 mod tests {
     use mirror_core::{Change, ExactRevision};
 
-    use super::Count;
+    use super::{deltas, Count};
+
+    /// Lease `id`'s count after `rev`, as the tail follows it.
+    fn after(count: Count, id: i64, rev: &ExactRevision) -> Count {
+        count.follow(rev.revision, deltas(rev).get(&id).copied().unwrap_or(0))
+    }
 
     fn put(key: &str, lease: i64, prev_lease: i64) -> Change {
         Change::Put { key: key.into(), value: Vec::new(), lease, version: 2, create_revision: 1, prev_lease }
@@ -469,9 +477,10 @@ mod tests {
     fn a_count_follows_the_keys_that_come_and_leave() {
         let count = Count { keys: 3, at: 10 };
         let moved = rev(11, vec![put("/a", 7, 0), put("/b", 7, 7), put("/c", 9, 7), put("/d", 9, 0)]);
-        assert_eq!(count.follow(7, &moved), Count { keys: 3, at: 11 });
+        assert_eq!(after(count, 7, &moved), Count { keys: 3, at: 11 });
+        assert_eq!(after(Count { keys: 0, at: 10 }, 9, &moved), Count { keys: 2, at: 11 });
         let expiry = rev(12, vec![delete("/a", 7), delete("/b", 7), delete("/x", 9)]);
-        assert_eq!(count.follow(7, &moved).follow(7, &expiry), Count { keys: 1, at: 12 });
+        assert_eq!(after(after(count, 7, &moved), 7, &expiry), Count { keys: 1, at: 12 });
     }
 
     /// A revision the count was read after is in it already: following it changes nothing (a
@@ -479,9 +488,9 @@ mod tests {
     #[test]
     fn a_revision_the_count_already_holds_is_not_counted_twice() {
         let read = Count { keys: 5, at: 12 };
-        assert_eq!(read.follow(7, &rev(11, vec![delete("/a", 7)])), read);
-        assert_eq!(read.follow(7, &rev(12, vec![put("/b", 7, 0)])), read);
-        assert_eq!(read.follow(7, &rev(13, vec![delete("/a", 7)])), Count { keys: 4, at: 13 });
+        assert_eq!(after(read, 7, &rev(11, vec![delete("/a", 7)])), read);
+        assert_eq!(after(read, 7, &rev(12, vec![put("/b", 7, 0)])), read);
+        assert_eq!(after(read, 7, &rev(13, vec![delete("/a", 7)])), Count { keys: 4, at: 13 });
     }
 
     /// A count that went wrong never goes below zero: it then reads as "no key" and the lease
@@ -489,6 +498,6 @@ mod tests {
     #[test]
     fn a_count_stops_at_zero() {
         let gone = rev(2, vec![delete("/a", 7), delete("/b", 7)]);
-        assert_eq!(Count { keys: 1, at: 1 }.follow(7, &gone), Count { keys: 0, at: 2 });
+        assert_eq!(after(Count { keys: 1, at: 1 }, 7, &gone), Count { keys: 0, at: 2 });
     }
 }

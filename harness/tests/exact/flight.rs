@@ -192,14 +192,7 @@ async fn an_event_lease_of_10_000_keys_running_out_lands_as_one_revision() {
     assert_eq!(after, before + 1, "the lease's expiry is one revision on the source");
     assert_exact(&agent, &mut src, &mut dst, "after the event lease ran out").await;
     assert_eq!(current_revision(&mut dst).await.unwrap(), after, "one target revision for it");
-    let revoked = async {
-        while dst.leases().await.unwrap().leases().iter().any(|l| l.id() == lease) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), revoked)
-        .await
-        .expect("the target lease is revoked once empty");
+    assert!(revoked_within_10s(&dst, lease).await, "the target lease is revoked once empty");
     assert!(agent.status().await.unwrap().last_error.is_none());
 }
 
@@ -410,18 +403,6 @@ async fn a_lease_is_revoked_on_the_target_when_its_last_key_leaves_and_not_befor
         src.put(key, "e", under(fresh)).await.unwrap();
     }
     src.put("/registry/events/o1", "e", under(other)).await.unwrap();
-    let held = |mut dst: Client, id: i64| async move {
-        dst.leases().await.unwrap().leases().iter().any(|l| l.id() == id)
-    };
-    let revoked = |dst: Client, id: i64| async move {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while held(dst.clone(), id).await {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await
-        .is_ok()
-    };
     assert_exact(&agent, &mut src, &mut dst, "with three leases").await;
 
     // Each lease loses two of its three keys, one way after another; both stay.
@@ -434,7 +415,7 @@ async fn a_lease_is_revoked_on_the_target_when_its_last_key_leaves_and_not_befor
     assert_exact(&agent, &mut src, &mut dst, "after two keys of each left").await;
     for id in [snap, fresh, other] {
         assert!(
-            held(dst.clone(), id).await,
+            holds_lease(&dst, id).await,
             "lease {id:x} was revoked on the target with keys still under it"
         );
     }
@@ -445,10 +426,25 @@ async fn a_lease_is_revoked_on_the_target_when_its_last_key_leaves_and_not_befor
     assert_exact(&agent, &mut src, &mut dst, "after the last keys left").await;
     for id in [snap, fresh] {
         assert!(
-            revoked(dst.clone(), id).await,
+            revoked_within_10s(&dst, id).await,
             "lease {id:x} holds no key, yet it was not revoked within 10 s"
         );
     }
-    assert!(held(dst.clone(), other).await, "the lease the keys moved to was revoked");
+    assert!(holds_lease(&dst, other).await, "the lease the keys moved to was revoked");
     assert!(agent.status().await.unwrap().last_error.is_none());
+}
+
+/// The target holds lease `id`.
+async fn holds_lease(dst: &Client, id: i64) -> bool {
+    dst.clone().leases().await.unwrap().leases().iter().any(|l| l.id() == id)
+}
+
+/// Lease `id` is gone from the target within 10 s.
+async fn revoked_within_10s(dst: &Client, id: i64) -> bool {
+    let gone = async {
+        while holds_lease(dst, id).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone).await.is_ok()
 }

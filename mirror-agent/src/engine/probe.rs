@@ -7,6 +7,7 @@ use mirror_core::{
 };
 
 use tokio::time::Instant;
+use tracing::info;
 
 use mirror_fence::Applier;
 
@@ -62,6 +63,10 @@ impl Engine {
         let tls_files = tls_fingerprint(&self.cfg);
         // An HA standby's connection, if fresh and made with today's files: no dial, no probe.
         let warm = self.warm.take().filter(|w| w.at.elapsed() < WARM_FOR && w.tls_files == tls_files);
+        if warm.is_none() && self.elected_at.is_some() {
+            // The claim then waits for probes and dials: said, so a slow takeover is explained.
+            info!("elected without a fresh standby connection; probing and dialing both sides");
+        }
         let sync = &self.cfg.sync;
         let source_probe = match &warm {
             Some(w) => Ok(w.source_probe.clone()),

@@ -1,5 +1,5 @@
-//! `mirror-agent failover --config F [--force]`: the source is lost; promote the target without
-//! it (SPEC §5, Failover).
+//! `mirror-agent failover --config F [--force] [--seen-revision R]`: the source is lost;
+//! promote the target without it (SPEC §5, Failover; an exact link's: `exact/failover.rs`).
 //!
 //! It never reads the source's data. It claims the fence with the stored epoch + 1 and role
 //! `primary` in one compare-and-swap, carrying the watermark and `confirmed_time` the running
@@ -21,8 +21,17 @@ use mirror_fence::{read_checkpoint, Checkpoint, FenceError, FencedWriter, Observ
 /// How long a source endpoint has to answer before it counts as lost.
 const SOURCE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Runs the failover.
-pub async fn failover(config: Config, force: bool) -> ExitCode {
+/// Runs the failover; `seen_revision` (exact links only) is the highest source revision a
+/// client may have seen, as the operator knows it.
+pub async fn failover(config: Config, force: bool, seen_revision: Option<i64>) -> ExitCode {
+    if seen_revision.is_some() && !config.exact() {
+        eprintln!(
+            "mirror-agent failover: refused, nothing written: --seen-revision is for exact links \
+             (sync.revisions = \"exact\"); a compact link's target revisions are its own, and its \
+             clients relist after a failover anyway"
+        );
+        return ExitCode::from(Exit::No);
+    }
     let probing = tokio::time::Instant::now();
     let answering = answering_source_endpoint(&config).await;
     eprintln!(
@@ -44,7 +53,7 @@ pub async fn failover(config: Config, force: bool) -> ExitCode {
         eprintln!("failover: the source answers at {endpoint}; promoting anyway (--force)");
     }
     if config.exact() {
-        return crate::exact::failover::failover(&config).await;
+        return crate::exact::failover::failover(&config, seen_revision).await;
     }
     match promote(&config).await {
         Ok(Promotion::Done { record, previous_epoch }) => {

@@ -98,6 +98,12 @@ enum Command {
         /// abandoned).
         #[arg(long)]
         force: bool,
+        /// Exact links: the highest source revision a client may have seen, when it may be
+        /// above what the link saw (the source's last `etcd_debugging_mvcc_current_revision`
+        /// from monitoring, say): the fillers and the compaction go past it too, so such a
+        /// client relists. May be given to a run after a failover that went without it.
+        #[arg(long, value_name = "REVISION", value_parser = clap::value_parser!(i64).range(1..))]
+        seen_revision: Option<i64>,
     },
     /// After a failover: list, as JSON lines, the writes the old source took after the
     /// promoted watermark (read-only). The config is the reverse link's (new primary -> old
@@ -197,7 +203,9 @@ fn main() -> ExitCode {
         Command::Cutover { config, wait: false, allow_moving_source, log } => {
             one_shot(&config, |c| cutover::start(c, config.clone(), allow_moving_source, log))
         }
-        Command::Failover { config, force } => one_shot(&config, |c| failover::failover(c, force)),
+        Command::Failover { config, force, seen_revision } => {
+            one_shot(&config, |c| failover::failover(c, force, seen_revision))
+        }
         Command::FailbackPlan { config, promoted_watermark, out } => {
             one_shot(&config, |c| failback::failback_plan(c, promoted_watermark, out))
         }

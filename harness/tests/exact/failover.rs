@@ -4,12 +4,35 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
-use harness::exact::{exact_config, keyspace, seed};
+use harness::exact::{exact_config, keyspace, refuses_read_at, seed};
 use harness::scenario::{current_revision, SYNC_TIMEOUT};
 use harness::{agent_command, load_keys, AgentProcess, Churn, EtcdCluster, EtcdVersion, Proxies};
 use mirror_core::Phase;
 
 use super::{assert_exact, cluster};
+
+/// A source of `pods` keys under `/registry/pods/`, seeded into a target (3.5.30 both), and the
+/// exact link's config between them (link `k8s-dr`).
+async fn seeded(pods: usize) -> (EtcdCluster, EtcdCluster, Client, harness::AgentConfig) {
+    let source = cluster(EtcdVersion::V3_5_30).await;
+    let mut target = cluster(EtcdVersion::V3_5_30).await;
+    let mut src = source.client().await.unwrap();
+    load_keys(&mut src, "/registry/pods/", pods, 16).await.unwrap();
+    seed(&source, &mut target, "seed").await.unwrap();
+    let cfg = exact_config(&source, &target, "k8s-dr");
+    (source, target, src, cfg)
+}
+
+/// Starts the link's agent, waits until the target is exact after one more put, then kills it
+/// (-9) and has the source take 100 revisions it does not see.
+async fn exact_then_down(cfg: &harness::AgentConfig, src: &mut Client, dst: &mut Client) -> AgentProcess {
+    let mut agent = AgentProcess::start(cfg).await.unwrap();
+    src.put("/registry/pods/first", "1", None).await.unwrap();
+    assert_exact(&agent, src, dst, "before").await;
+    agent.kill9().await.unwrap();
+    Churn::new("/registry/pods/", 100, 500, 30).spawn(src.clone()).await.unwrap().unwrap();
+    agent
+}
 
 /// The agent, down while the source took revisions, comes back through a slow target (the
 /// target's `proxies` delayed 100 ms), sees them all (the watch's header) and lands a few; then
@@ -92,12 +115,7 @@ impl Informer {
 /// the source is idle before, `confirmed_time` in status keeps moving.
 #[tokio::test]
 async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
-    let mut source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/registry/pods/", 50, 16).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr");
+    let (mut source, target, mut src, cfg) = seeded(50).await;
     let mut agent = AgentProcess::start(&cfg).await.unwrap();
     let mut informer = Informer::list(&mut src, "/registry/").await;
     let node_lease = src.lease_grant(30, None).await.unwrap().id();
@@ -156,23 +174,13 @@ async fn after_failover_at_the_head_an_informer_goes_on_from_the_target() {
 /// than it was.
 #[tokio::test]
 async fn after_failover_behind_what_clients_saw_they_relist() {
-    let mut source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/registry/pods/", 20, 16).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
+    let (mut source, target, mut src, mut cfg) = seeded(20).await;
     let proxies = target.proxies().await.unwrap();
-    let mut cfg = exact_config(&source, &target, "k8s-dr");
     cfg.target = proxies.endpoints();
-    let mut agent = AgentProcess::start(&cfg).await.unwrap();
-    src.put("/registry/pods/first", "1", None).await.unwrap();
     let mut dst = target.client().await.unwrap();
-    assert_exact(&agent, &mut src, &mut dst, "before").await;
-
     // The agent is down while the source takes 100 revisions; it comes back through a slow
     // target, sees them all (the watch's header) and lands a few before the source dies.
-    agent.kill9().await.unwrap();
-    Churn::new("/registry/pods/", 100, 500, 30).spawn(src.clone()).await.unwrap().unwrap();
+    let mut agent = exact_then_down(&cfg, &mut src, &mut dst).await;
     let seen = Informer::list(&mut src, "/registry/").await;
     let passed = std::time::SystemTime::now();
     tokio::time::sleep(Duration::from_secs(2)).await; // the record's times are in whole seconds
@@ -203,6 +211,74 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
     assert!(lines as i64 > informer.at - r, "{lines} lines for the revisions above {r}");
 }
 
+/// Failover when clients of the source saw revisions the link never did: the agent was down
+/// while the source took them, then the source was lost. The link's records say R = Rs, so a
+/// plain failover adds nothing, and a client at the source's last revision S is below no
+/// compaction: etcd takes its watch from S + 1 (a future revision) and it would miss the
+/// target's new writes up to S. The operator, who knows S from the source's monitoring, runs
+/// `failover --seen-revision S` again: the target is filled past S and compacted at S + 2, the
+/// client's watch is refused ("compacted") and it relists; a third run finds S in the promoted
+/// record. Refused, nothing written: the flag on a compact link, and a value more than a
+/// million revisions past the target's.
+#[tokio::test]
+async fn a_failover_told_what_clients_saw_makes_them_relist() {
+    let (mut source, target, mut src, cfg) = seeded(20).await;
+    let mut dst = target.client().await.unwrap();
+    let _agent = exact_then_down(&cfg, &mut src, &mut dst).await;
+    let mut informer = Informer::list(&mut src, "/registry/").await;
+    let s = informer.at;
+    source.node(0).kill().await.unwrap();
+
+    let head = current_revision(&mut dst).await.unwrap();
+    let compact =
+        harness::AgentConfig::new("compact-link", source.endpoints(), target.endpoints(), "/registry/");
+    let out = agent_command(&compact, "failover", &["--seen-revision", &s.to_string()]).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nothing written: --seen-revision is for exact links"), "{err}");
+    let far = (head + 1_000_001).to_string();
+    let out = agent_command(&cfg, "failover", &["--seen-revision", &far]).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("nothing written: --seen-revision {far} is 1000001 revisions past")),
+        "{err}"
+    );
+    assert_eq!(current_revision(&mut dst).await.unwrap(), head, "the refusals wrote nothing");
+
+    let out = agent_command(&cfg, "failover", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("every source revision the link saw: R = Rs = {head}")), "{said}");
+    let promoted = current_revision(&mut dst).await.unwrap();
+    assert!(
+        promoted < s && !refuses_read_at(&mut dst, head).await,
+        "{promoted} < {s}: a watch from {s} + 1 waits"
+    );
+
+    let out = agent_command(&cfg, "failover", &["--seen-revision", &s.to_string()]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("already promoted by a failover"), "{said}");
+    assert!(
+        said.contains(&format!("clients may have seen (--seen-revision; the link had seen {head})")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("up to Rs = {s}")) && said.contains(&format!("compacted at    {}", s + 2)),
+        "{said}"
+    );
+    let refused = informer.follow(&mut dst, "/registry/", s + 1).await;
+    assert!(refused.as_ref().is_err_and(|e| e.starts_with("compacted")), "{refused:?}");
+    assert!(refuses_read_at(&mut dst, s + 1).await);
+
+    let out = agent_command(&cfg, "failover", &[]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("Rs = {s}")), "the promoted record holds Rs: {said}");
+    dst.put("/registry/pods/after", "new", None).await.expect("the target takes writes");
+}
+
 /// `cutover` of an exact link: once the writes stop, the agents land the source's last
 /// revision, the sides are verified equal there and the target is promoted; the agent stops
 /// with `TargetPromoted`, and a leased key's lease is swapped for the source's TTL. The first
@@ -212,12 +288,7 @@ async fn after_failover_behind_what_clients_saw_they_relist() {
 /// the source's TTL.
 #[tokio::test]
 async fn cutover_of_an_exact_link_promotes_a_verified_target() {
-    let source = cluster(EtcdVersion::V3_5_30).await;
-    let mut target = cluster(EtcdVersion::V3_5_30).await;
-    let mut src = source.client().await.unwrap();
-    load_keys(&mut src, "/registry/pods/", 30, 16).await.unwrap();
-    seed(&source, &mut target, "seed").await.unwrap();
-    let cfg = exact_config(&source, &target, "k8s-dr");
+    let (_source, target, mut src, cfg) = seeded(30).await;
     let agent = AgentProcess::start(&cfg).await.unwrap();
     let lease = src.lease_grant(40, None).await.unwrap().id();
     src.put("/registry/leases/node-b", "up", Some(PutOptions::new().with_lease(lease))).await.unwrap();

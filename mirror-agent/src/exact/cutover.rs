@@ -60,7 +60,7 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
         return Ok(Exit::No);
     }
     let me = format!("{CUTOVER}{}/{}", crate::engine::hostname(), std::process::id());
-    let record = match promote(config, &target, &me).await? {
+    let record = match promote(config, &target, &me, None).await? {
         Promoted::Now { record, .. } => record,
         Promoted::Already(record) => return resume(config, &source, &target, &record).await,
     };

@@ -6,7 +6,9 @@
 //!    Txn of any agent of the link (whose compares expect version R-1-R0 at mod revision R-1)
 //!    can land after it, and each stops with `TargetPromoted`.
 //! 2. **Relist whoever saw more.** The target holds source revisions up to R; clients of the
-//!    source may have seen up to Rs (the highest revision the link saw, in the record). When
+//!    source may have seen up to Rs (the highest revision the link saw, in the record; or the
+//!    operator's `--seen-revision`, when higher: a source that died took revisions its
+//!    watchers saw and the link never did, and only monitoring knows how far it got). When
 //!    R < Rs, filler puts of a reserved key take the target to Rs + 2 and it is compacted
 //!    there: a watch from any revision up to Rs + 1 is refused as compacted, so such a client
 //!    relists instead of being served events unrelated to what it saw. When R = Rs it adds
@@ -21,6 +23,8 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
+
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KvClient, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
 };
@@ -32,14 +36,32 @@ use super::leases::record_key;
 use crate::exit::Exit;
 
 /// Runs the failover of an exact link (the source was probed and found lost, or `--force`).
-pub(crate) async fn failover(config: &Config) -> ExitCode {
-    crate::exit::reported("failover", run(config).await, Exit::CannotStart)
+/// `seen` is the operator's `--seen-revision`.
+pub(crate) async fn failover(config: &Config, seen: Option<i64>) -> ExitCode {
+    crate::exit::reported("failover", run(config, seen).await, Exit::CannotStart)
 }
 
-async fn run(config: &Config) -> anyhow::Result<Exit> {
+/// Fillers `--seen-revision` may ask for, at most: past it, the value is more likely a typo
+/// than a revision (a million Txns take the target several minutes).
+const MOST_FILLERS: i64 = 1_000_000;
+
+async fn run(config: &Config, seen: Option<i64>) -> anyhow::Result<Exit> {
     let target = connect_reachable(Side::Target, &config.target, &config.sync).await?;
     let me = format!("{FAILOVER}{}/{}", crate::engine::hostname(), std::process::id());
-    let (record, r, rs) = match promote(config, &target, &me).await? {
+    if let Some(seen) = seen {
+        let head = target_revision(config, &target).await?;
+        if seen - head > MOST_FILLERS {
+            eprintln!(
+                "mirror-agent failover: refused, nothing written: --seen-revision {seen} is {} revisions past \
+                 the target's revision {head}; a failover writes one filler per revision, and more than \
+                 {MOST_FILLERS} is more likely a wrong value than a revision a client saw (take it from the \
+                 source's monitoring: its last etcd_debugging_mvcc_current_revision)",
+                seen - head
+            );
+            return Ok(Exit::No);
+        }
+    }
+    let (record, r, rs) = match promote(config, &target, &me, seen).await? {
         Promoted::Now { record, r, rs } => {
             let epoch = record.epoch + 1;
             println!("failover of link {:?}: the target is primary (epoch {epoch})", config.link_uid);
@@ -48,11 +70,14 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
         // A failover that stopped after its promote (a step refused, the target lost): the
         // record it wrote still holds R and Rs, and every step after the promote may run again.
         Promoted::Already(record) if record.agent_id.starts_with(FAILOVER) => {
-            let (r, rs) = (record.watermark, record.source_seen.max(record.watermark));
+            let (r, rs) = (record.watermark, record.source_seen.max(record.watermark).max(seen.unwrap_or(0)));
             println!(
                 "failover of link {:?}: already promoted by a failover (epoch {}); finishing its steps",
                 config.link_uid, record.epoch
             );
+            if rs > record.source_seen {
+                keep_seen(config, &target, rs).await?;
+            }
             (record, r, rs)
         }
         Promoted::Already(record) => {
@@ -60,6 +85,8 @@ async fn run(config: &Config) -> anyhow::Result<Exit> {
             return Ok(Exit::Done);
         }
     };
+    let told = seen.is_some_and(|seen| seen > record.source_seen.max(r));
+    let rs = Seen { at: rs, told, link: record.source_seen.max(r) };
     match finish(config, &target, &record, r, rs).await {
         Ok(()) => Ok(Exit::Done),
         Err(e) => {
@@ -83,15 +110,23 @@ async fn finish(
     target: &Client,
     record: &Checkpoint,
     r: i64,
-    rs: i64,
+    seen: Seen,
 ) -> anyhow::Result<()> {
     let key = config.checkpoint_key();
     let mut kv = target.kv_client();
+    let rs = seen.at;
     if r < rs {
         relist_past(config, &mut kv, &key, rs).await?;
+        let (who, lost) = match seen.told {
+            false => ("the link had seen".to_owned(), "are"),
+            true => (
+                format!("clients may have seen (--seen-revision; the link had seen {})", seen.link),
+                "may be",
+            ),
+        };
         println!(
-            "  revisions       the target holds source revisions up to R = {r}; the link had seen up to Rs = {rs}: \
-             {} source revisions are lost",
+            "  revisions       the target holds source revisions up to R = {r}; {who} up to Rs = {rs}: \
+             {} source revisions {lost} lost",
             rs - r
         );
         println!(
@@ -117,6 +152,42 @@ async fn finish(
     Ok(())
 }
 
+/// A long run of fillers (an operator's `--seen-revision` far ahead) says how far it got every
+/// this many.
+const PROGRESS_EVERY: i64 = 10_000;
+
+/// Rs as `finish` tells it.
+struct Seen {
+    /// The revision the fillers and the compaction go past.
+    at: i64,
+    /// Whether it is the operator's `--seen-revision` (above what the link saw).
+    told: bool,
+    /// What the link saw (its records).
+    link: i64,
+}
+
+/// Raises Rs in the promoted record to the operator's `--seen-revision`, given to a failover
+/// run again (one Txn guarded by the record as read), so that a later run finds it there too.
+async fn keep_seen(config: &Config, target: &Client, rs: i64) -> anyhow::Result<()> {
+    let (t, key, mut kv) = (config.sync.request_timeout.get(), config.checkpoint_key(), target.kv_client());
+    let read = unary("read checkpoint", Side::Target, t, kv.get(key.clone(), None)).await?;
+    let stored = read.kvs().first().context("the promoted checkpoint is gone")?;
+    let record = Checkpoint { source_seen: rs, ..Checkpoint::decode(stored.value())? };
+    let unchanged = Compare::mod_revision(key.clone(), CompareOp::Equal, stored.mod_revision());
+    let put = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::put(key, record.encode()?, None)]);
+    let done = unary("record Rs", Side::Target, t, kv.txn(put)).await?.succeeded();
+    anyhow::ensure!(done, "the promoted checkpoint changed while Rs was recorded in it; run failover again");
+    Ok(())
+}
+
+/// The target's current revision (the header of a read of one key).
+async fn target_revision(config: &Config, target: &Client) -> anyhow::Result<i64> {
+    let t = config.sync.request_timeout.get();
+    let mut kv = target.kv_client();
+    let read = unary("read checkpoint", Side::Target, t, kv.get(config.checkpoint_key(), None)).await?;
+    Ok(read.header().map_or(0, |h| h.revision()))
+}
+
 /// Filler puts of a reserved key until the target's revision passes Rs + 1, each guarded by
 /// the promoted checkpoint, then a compaction at Rs + 2: a watch from any revision up to
 /// Rs + 1 is refused as compacted. Refused to the link's user (etcd 3.5 lets only root
@@ -127,7 +198,13 @@ async fn relist_past(config: &Config, kv: &mut KvClient, key: &[u8], rs: i64) ->
     let promoted = read.kvs().first().map_or(0, |kv| kv.mod_revision());
     let mut head = read.header().map_or(0, |h| h.revision());
     let filler = [&key[..key.len() - b"checkpoint".len()], b"filler"].concat();
+    if rs + 2 - head > PROGRESS_EVERY {
+        eprintln!("failover: {} filler revisions to write, {head} to {}", rs + 2 - head, rs + 2);
+    }
     while head < rs + 2 {
+        if head % PROGRESS_EVERY == 0 {
+            eprintln!("failover: fillers at target revision {head} of {}", rs + 2);
+        }
         let guard = Compare::mod_revision(key.to_vec(), CompareOp::Equal, promoted);
         let put =
             Txn::new().when(vec![guard]).and_then(vec![TxnOp::put(filler.clone(), head.to_string(), None)]);
@@ -175,8 +252,14 @@ pub(super) enum Promoted {
 
 /// Deletes the checkpoint and puts it again as `primary` at the stored epoch + 1 (two Txns, the
 /// first guarded by the checkpoint as read, retried over a record an agent moved meanwhile):
-/// the version starts over, so no agent's Txn can land after it.
-pub(super) async fn promote(config: &Config, target: &Client, me: &str) -> anyhow::Result<Promoted> {
+/// the version starts over, so no agent's Txn can land after it. The operator's `seen`
+/// (`failover --seen-revision`) raises Rs, in the record too.
+pub(super) async fn promote(
+    config: &Config,
+    target: &Client,
+    me: &str,
+    seen: Option<i64>,
+) -> anyhow::Result<Promoted> {
     let t = config.sync.request_timeout.get();
     let key = config.checkpoint_key();
     let mut kv = target.kv_client();
@@ -191,8 +274,13 @@ pub(super) async fn promote(config: &Config, target: &Client, me: &str) -> anyho
         if record.role == Role::Primary {
             return Ok(Promoted::Already(record));
         }
-        let (r, rs) = (record.watermark, record.source_seen.max(record.watermark));
-        let next = record.failed_over(record.epoch + 1, me).encode()?;
+        let (r, rs) = (record.watermark, record.source_seen.max(record.watermark).max(seen.unwrap_or(0)));
+        let mut next = record.failed_over(record.epoch + 1, me);
+        if seen.is_some() {
+            // A failover run again finds Rs in its own record.
+            next.source_seen = rs;
+        }
+        let next = next.encode()?;
         let unchanged = Compare::mod_revision(key.clone(), CompareOp::Equal, stored.mod_revision());
         let delete = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::delete(key.clone(), None)]);
         if !unary("promote: delete", Side::Target, t, kv.txn(delete)).await?.succeeded() {

@@ -285,7 +285,7 @@ async fn a_failover_told_what_clients_saw_makes_them_relist() {
 /// run's lease swap fails (failpoint `LEASE_SWAP_FAILS`, as a target lost after the promote
 /// would): exit 6, and the run after it finds its own promote and finishes the swap. Before, it
 /// said "already promoted" and exited 0, the leased keys left for `exact_lease_hold` instead of
-/// the source's TTL.
+/// the source's TTL. A `failover --seen-revision` after it writes nothing and says so.
 #[tokio::test]
 async fn cutover_of_an_exact_link_promotes_a_verified_target() {
     let (_source, target, mut src, cfg) = seeded(30).await;
@@ -315,4 +315,13 @@ async fn cutover_of_an_exact_link_promotes_a_verified_target() {
     assert!(said.contains("1 swapped"), "{said}");
     let kept = dst.get("/registry/leases/node-b", None).await.unwrap().kvs()[0].lease();
     assert_eq!(dst.lease_time_to_live(kept, None).await.unwrap().granted_ttl(), 40);
+    // A failover after the cutover changes nothing, and says that what it was told goes unused.
+    let head = current_revision(&mut dst).await.unwrap();
+    let out = agent_command(&cfg, "failover", &["--force", "--seen-revision", &(head + 50).to_string()])
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("already promoted") && said.contains("--seen-revision not used"), "{said}");
+    assert_eq!(current_revision(&mut dst).await.unwrap(), head, "nothing written");
 }

@@ -82,6 +82,13 @@ async fn run(config: &Config, seen: Option<i64>) -> anyhow::Result<Exit> {
         }
         Promoted::Already(record) => {
             println!("already promoted: the target is primary (epoch {})", record.epoch);
+            if seen.is_some() {
+                // A cutover drained the source first: no client of it saw past the target.
+                println!(
+                    "  --seen-revision not used: the target was promoted by {}, not by a failover",
+                    record.agent_id
+                );
+            }
             return Ok(Exit::Done);
         }
     };

@@ -70,7 +70,7 @@ async fn run(config: &Config, seen: Option<i64>) -> anyhow::Result<Exit> {
         // A failover that stopped after its promote (a step refused, the target lost): the
         // record it wrote still holds R and Rs, and every step after the promote may run again.
         Promoted::Already(record) if record.agent_id.starts_with(FAILOVER) => {
-            let (r, rs) = (record.watermark, record.source_seen.max(record.watermark).max(seen.unwrap_or(0)));
+            let (r, rs) = (record.watermark, seen_past(&record, seen));
             println!(
                 "failover of link {:?}: already promoted by a failover (epoch {}); finishing its steps",
                 config.link_uid, record.epoch
@@ -92,8 +92,7 @@ async fn run(config: &Config, seen: Option<i64>) -> anyhow::Result<Exit> {
             return Ok(Exit::Done);
         }
     };
-    let told = seen.is_some_and(|seen| seen > record.source_seen.max(r));
-    let rs = Seen { at: rs, told, link: record.source_seen.max(r) };
+    let rs = Seen { at: rs, link: seen_past(&record, None) };
     match finish(config, &target, &record, r, rs).await {
         Ok(()) => Ok(Exit::Done),
         Err(e) => {
@@ -124,7 +123,7 @@ async fn finish(
     let rs = seen.at;
     if r < rs {
         relist_past(config, &mut kv, &key, rs).await?;
-        let (who, lost) = match seen.told {
+        let (who, lost) = match seen.told() {
             false => ("the link had seen".to_owned(), "are"),
             true => (
                 format!("clients may have seen (--seen-revision; the link had seen {})", seen.link),
@@ -167,10 +166,21 @@ const PROGRESS_EVERY: i64 = 10_000;
 struct Seen {
     /// The revision the fillers and the compaction go past.
     at: i64,
-    /// Whether it is the operator's `--seen-revision` (above what the link saw).
-    told: bool,
     /// What the link saw (its records).
     link: i64,
+}
+
+impl Seen {
+    /// Whether Rs is the operator's `--seen-revision` (above what the link saw).
+    fn told(&self) -> bool {
+        self.at > self.link
+    }
+}
+
+/// Rs: the highest source revision the link saw as `record` says it (the watermark at least),
+/// raised to the operator's `seen`.
+fn seen_past(record: &Checkpoint, seen: Option<i64>) -> i64 {
+    record.source_seen.max(record.watermark).max(seen.unwrap_or(0))
 }
 
 /// Raises Rs in the promoted record to the operator's `--seen-revision`, given to a failover
@@ -281,7 +291,7 @@ pub(super) async fn promote(
         if record.role == Role::Primary {
             return Ok(Promoted::Already(record));
         }
-        let (r, rs) = (record.watermark, record.source_seen.max(record.watermark).max(seen.unwrap_or(0)));
+        let (r, rs) = (record.watermark, seen_past(&record, seen));
         let mut next = record.failed_over(record.epoch + 1, me);
         if seen.is_some() {
             // A failover run again finds Rs in its own record.

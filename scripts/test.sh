@@ -18,8 +18,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 # compiles a few crates a second time with another feature set (without the dev-dependencies').
 cargo build --quiet --workspace --all-targets
 # The agent image for tests/image.rs and the agent-container scenario, packed from the debug
-# binary just built (scripts/image.sh: same layout; no release build of every dependency).
-MIRROR_IMAGE_PROFILE=dev bash scripts/image.sh
+# binary just built (scripts/image.sh: same layout; no release build of every dependency, and
+# no build of the agent alone, which would compile its dependencies again with other features).
+MIRROR_IMAGE_BIN="${CARGO_TARGET_DIR:-$repo/target}/debug/mirror-agent" bash scripts/image.sh
 # No crate has a doc test (examples in docs are `text` blocks); nextest does not run doc tests,
 # so one that is added must bring back `cargo test --workspace --doc` here, before nextest.
 # The ten slowest tests are printed whatever the outcome (where CI time goes: issue #24).

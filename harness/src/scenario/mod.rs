@@ -29,10 +29,12 @@ pub async fn pair() -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
 
 /// A source and a target of `version`, each of `members` members (1 or 3).
 pub async fn pair_of(version: EtcdVersion, members: usize) -> anyhow::Result<(EtcdCluster, EtcdCluster)> {
-    Ok((
-        EtcdCluster::start(ClusterSpec::new(version).members(members)).await?,
-        EtcdCluster::start(ClusterSpec::new(version).members(members)).await?,
-    ))
+    // Both at once: most of a start is Docker's (network, container, port), not etcd's.
+    let (source, target) = tokio::join!(
+        EtcdCluster::start(ClusterSpec::new(version).members(members)),
+        EtcdCluster::start(ClusterSpec::new(version).members(members))
+    );
+    Ok((source?, target?))
 }
 
 /// Waits for phase `syncing` with the initial sync complete.

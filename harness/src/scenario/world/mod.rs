@@ -119,10 +119,13 @@ impl<'a> World<'a> {
                 None => spec,
             }
         };
-        let mut source =
-            EtcdCluster::start(spec(sv, &scenario.source)).await.context("starting the source")?;
-        let mut target =
-            EtcdCluster::start(spec(tv, &scenario.target)).await.context("starting the target")?;
+        // Both at once: most of a start is Docker's (network, container, port), not etcd's.
+        let (source, target) = tokio::join!(
+            EtcdCluster::start(spec(sv, &scenario.source)),
+            EtcdCluster::start(spec(tv, &scenario.target))
+        );
+        let mut source = source.context("starting the source")?;
+        let mut target = target.context("starting the target")?;
         // The rights docs/operations.md lists ("Least privilege"), and nothing more.
         let mut auth_toml = String::new();
         for (name, side, cluster, prefix) in [

@@ -255,6 +255,7 @@ fn remember_counts(link: &Link<'_>, record: &Checkpoint) {
 }
 
 async fn claim(link: &mut Link<'_>, observed: Observed, next: Checkpoint) -> Result<(), EngineError> {
+    let sent = tokio::time::Instant::now();
     let writer = FencedWriter::claim(
         link.target_kv.clone(),
         link.cfg().checkpoint_key(),
@@ -265,10 +266,13 @@ async fn claim(link: &mut Link<'_>, observed: Observed, next: Checkpoint) -> Res
     .await?
     .with_max_txn_ops(link.cfg().sync.max_txn_ops as usize);
     match link.engine.elected_at.take() {
+        // Of a slow takeover, this says whether the claim's Txn or what came before it (the
+        // probe, the dials, the checkpoint read) took the time.
         Some(at) => info!(
             epoch = writer.record().epoch,
             watermark = writer.record().watermark,
             fence_after_election_ms = at.elapsed().as_millis() as u64,
+            claim_txn_ms = sent.elapsed().as_millis() as u64,
             "holding the fence"
         ),
         None => {

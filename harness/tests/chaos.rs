@@ -34,3 +34,44 @@ async fn chaos_catches_an_agent_that_drops_checkpoint_puts() {
     let err = outcome.expect_err("the chaos run must catch the broken agent");
     println!("caught: {err:#}");
 }
+
+/// The runner's verdict on an agent that failed comes as soon as it is sure, not at the end of
+/// the step's timeout: a wait for another phase of an agent that stays in phase `failed` (here
+/// a checkpoint that does not decode) ends within seconds, naming the agent's error. The
+/// chaos run above that catches the broken agent in its last `expect` waited out 3 minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_another_phase_of_a_failed_agent_ends_naming_the_error() {
+    let text = r#"
+name = "failed-for-good"
+[source]
+prefix = "/app/"
+[[step]]
+do = "load"
+keys = 10
+[[step]]
+do = "start_agent"
+[[step]]
+do = "wait"
+until = "condition:InitialSyncComplete=True"
+[[step]]
+do = "stop_agent"
+[[step]]
+do = "put"
+g3_checker = false
+side = "target"
+checkpoint = true
+value = "{not json"
+[[step]]
+do = "start_agent"
+[[step]]
+do = "expect"
+phase = "syncing"
+timeout = "10m"
+"#;
+    let scenario = harness::scenario::Scenario::parse(text).unwrap();
+    let err = harness::scenario::run(&scenario, &harness::scenario::RunOptions::default())
+        .await
+        .expect_err("an agent in phase failed never reaches syncing");
+    let err = format!("{err:#}");
+    assert!(err.contains("stays in phase failed (CorruptCheckpoint"), "{err}");
+}

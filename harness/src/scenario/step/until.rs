@@ -214,13 +214,16 @@ impl World<'_> {
         }
     }
 
-    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed.
+    /// Polls `until` every 200 ms; `Err(why it does not hold)` once `deadline` passed, or
+    /// sooner when it cannot hold any more (a wait for another phase of an agent that stays in
+    /// phase `failed`).
     pub(in crate::scenario) async fn poll_until(
         &mut self,
         until: &Until,
         id: &str,
         deadline: Instant,
     ) -> Result<(), String> {
+        let mut failed_since = None;
         loop {
             let why = match self.holds(until, id).await {
                 Ok(None) => return Ok(()),
@@ -230,7 +233,42 @@ impl World<'_> {
             if Instant::now() >= deadline {
                 return Err(why);
             }
+            if let Some(stuck) = self.failed_for_good(until, id, &mut failed_since).await {
+                return Err(format!("{why}: {stuck}"));
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+
+    /// For a wait on a phase other than `failed`: why it cannot succeed, once the agent has
+    /// been in phase `failed` for [`FAILED_IS_FINAL`]. The agent leaves that phase only when
+    /// it is restarted or reloaded, which no step does while another waits, so the rest of the
+    /// timeout would only delay the verdict (a chaos run that caught a broken agent waited out
+    /// the 3 minutes of its last `expect`).
+    async fn failed_for_good(
+        &mut self,
+        until: &Until,
+        id: &str,
+        since: &mut Option<Instant>,
+    ) -> Option<String> {
+        let Until::Phase(want) = until else { return None };
+        if *want == Phase::Failed {
+            return None;
+        }
+        let Some(s) = self.status(id).await.ok().filter(|s| s.phase == Phase::Failed) else {
+            *since = None;
+            return None;
+        };
+        let at = *since.get_or_insert_with(Instant::now);
+        (at.elapsed() >= FAILED_IS_FINAL).then(|| {
+            let error = s
+                .last_error
+                .as_ref()
+                .map_or_else(|| "no last_error".to_owned(), |e| format!("{}: {}", e.reason, e.message));
+            format!("the agent stays in phase failed ({error}); only a restart or a reload ends that")
+        })
+    }
 }
+
+/// How long an agent is seen in phase `failed` before a wait for another phase gives up.
+const FAILED_IS_FINAL: Duration = Duration::from_secs(2);

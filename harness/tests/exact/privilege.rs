@@ -80,6 +80,10 @@ async fn an_exact_replica_under_least_privilege_users(#[case] version: EtcdVersi
 
     Churn::new("/registry/pods/", 200, 200, 20).spawn(src.clone()).await.unwrap().unwrap();
     let compacted = current_revision(&mut src).await.unwrap();
+    // Compacted only once the agent has the history (no spool here): a compaction past what
+    // its watch has read is a re-seed, rightly (a CI run with three busy lanes compacted
+    // before the agent's first watch opened, and it stopped with ReseedRequired).
+    agent.wait_for("the churn applied", SYNC_TIMEOUT, |s| s.watermark >= compacted).await.unwrap();
     src.compact(compacted, None).await.unwrap();
     src.put("/registry/pods/after-compaction", "1", None).await.unwrap();
     let mut dst = target.client().await.unwrap();
